@@ -1,0 +1,502 @@
+"""Evaluation protocol: the memoryless agentic loop, the paper's metrics, model comparison, and the
+everyday `generate` command. Every later stage reports its numbers through this file.
+
+    python chorus_mini.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
+    python chorus_mini.py compare DIR1 DIR2 ... --out DIR
+    python chorus_mini.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
+
+The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, default 3):
+1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
+2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
+   (common.refine_messages); no other history.
+3. Each answer is parsed (common.parse_answer) and, when usable (not no_code / truncated), simulated
+   (sim.SimPool). Simulations of one batch run while the policy generates the next batch.
+4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
+   (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
+   CovResult order (compiles, has coverage, passes targets, overall) with two refinements: an
+   unparsed or truncated answer ranks below everything (the original client retried it, so it never became a
+   state, and with no parsed best the next round starts again from the initial prompt), and "compiles"
+   is split into compiles / compiles-and-simulates.
+5. A sample stops once its best reaches 100% coverage. Its score is its best result over all rounds.
+Per-round bests are recorded, so one agentic run gives both the direct metrics (round 0) and the
+agentic metrics (last round).
+
+Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same):
+- Pass@k: unbiased estimator 1 - C(n-c, k)/C(n, k) per task (c = passing samples); Pass@n = any pass.
+- Cov@1: mean over samples of the best overall coverage (a failed simulation counts as 0);
+  Cov@k: expected max over k of the n samples (Cov@n = max).
+- SynPass: samples whose best testbench compiles and simulates.
+- Pass@1, Cov@1 and SynPass carry a 95% bootstrap interval over tasks (seeded by --seed).
+split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
+tuned on one and reported on the other.
+"""
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import common
+import sim
+
+Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
+SIM_RAN = ("ok", "no_coverage", "no_dut_instance")   # statuses where the testbench compiled and simulated
+USABLE = ("ok", "no_filename")                     # parse_answer reasons worth simulating (not truncated)
+BOTTOM = (False, False, False, False, False, 0.0)      # the key of "no result yet"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Result ordering and per-result scores (on SimResult.to_dict() dicts; None = answer not parsed)
+
+def result_key(result):
+    """Total order on results, larger is better (see the module docstring, step 4)."""
+    if result is None:
+        return BOTTOM
+    has_cov = result["status"] == "ok" and result.get("overall_pct") is not None
+    return (True, bool(result.get("compile_ok")), syn_ok(result), has_cov, bool(result.get("passed")),
+            float(result["overall_pct"]) if has_cov else 0.0)
+
+
+def syn_ok(result):
+    return result is not None and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
+
+
+def coverage(result):
+    """Overall coverage in percent; anything but a clean run counts as 0 (method.md §2.2)."""
+    return result_key(result)[5]
+
+
+def passed(result):
+    return result_key(result)[4]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Policies: list of message lists -> list of answer texts
+
+def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0, batch_size=64):
+    """Wrap a (PEFT) model as a Policy. Each call uses a fresh seed derived from (seed, call index)."""
+    calls = itertools.count()
+
+    def policy(messages_list):
+        outs = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
+                               temperature=temperature, top_p=top_p, seed=seed * 100_003 + next(calls),
+                               batch_size=batch_size)
+        return [c.text for c in outs]
+    return policy
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop
+
+def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_size=64, target_mode="cvdp",
+             sim_cfg=None, n_boot=1000, verbose=True):
+    """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
+
+    Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
+    parsed answer, scorer result (SimResult.to_dict(), None when unparsed), the round whose testbench the
+    state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
+    far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
+    """
+    tasks = list(tasks)
+    by_id = {t["id"]: t for t in tasks}
+    if len(by_id) != len(tasks):
+        raise ValueError("duplicate task ids")
+    samples = [{"task_id": t["id"], "sample": s, "seed": seed, "rounds": [], "best_by_round": []}
+               for t in tasks for s in range(n)]
+    best = [None] * len(samples)          # per sample: (key, round index, answer text, SimResult) or None
+    stopped = [False] * len(samples)
+    timing = []
+
+    def state(i):
+        task = by_id[samples[i]["task_id"]]
+        if best[i] is None or not best[i][0][0]:        # nothing parsed yet: retry the initial prompt
+            return common.build_messages(task), None
+        _, r, text, obj = best[i]
+        return common.refine_messages(task, text, obj), r
+
+    with sim.SimPool(sim_workers, cfg=sim_cfg) as pool:
+        for r in range(rounds + 1):
+            active = [i for i in range(len(samples)) if not stopped[i]]
+            t_gen, t0, pending = 0.0, time.time(), []
+            for start in range(0, len(active), batch_size):
+                chunk = active[start:start + batch_size]
+                states = [state(i) for i in chunk]
+                tg = time.time()
+                texts = policy([m for m, _ in states])
+                t_gen += time.time() - tg
+                if len(texts) != len(chunk):
+                    raise ValueError(f"policy returned {len(texts)} answers for {len(chunk)} prompts")
+                for i, (_, state_round), text in zip(chunk, states, texts):
+                    answer = common.parse_answer(text)
+                    future = None
+                    if answer.reason in USABLE:   # submitted now: simulates while the next chunk generates
+                        job = sim.job_from_task(by_id[samples[i]["task_id"]], answer.code, target_mode)
+                        future = pool.submit(job)
+                    pending.append((i, state_round, text, answer, future))
+            for i, state_round, text, answer, future in pending:
+                obj = future.result() if future is not None else None
+                res = obj.to_dict() if obj is not None else None
+                key = result_key(res)
+                samples[i]["rounds"].append({
+                    "round": r, "state_round": state_round, "text": text,
+                    "answer": {"filename": answer.filename, "reason": answer.reason, "code": answer.code},
+                    "result": res, "key": list(key)})
+                if best[i] is None or key >= best[i][0]:
+                    best[i] = (key, r, text, obj)
+                if key[3] and key[5] >= 100.0:
+                    stopped[i] = True
+            for i, s in enumerate(samples):
+                s["best_by_round"].append(best[i][1])
+            timing.append({"round": r, "samples": len(active), "gen_s": round(t_gen, 2),
+                           "total_s": round(time.time() - t0, 2)})
+            if verbose:
+                bests = [s["rounds"][s["best_by_round"][-1]]["result"] for s in samples]
+                print(f"eval round {r}: {len(active)} generated, pass {_pct(map(passed, bests)):.1f}%, "
+                      f"cov {np.mean([coverage(b) for b in bests]):.1f}%, syn {_pct(map(syn_ok, bests)):.1f}%, "
+                      f"{sum(stopped)} at 100%; gen {t_gen:.1f}s, round {time.time() - t0:.1f}s")
+    for i, s in enumerate(samples):
+        s["best_round"] = best[i][1]
+        s["best"] = s["rounds"][best[i][1]]["result"]
+    metrics = {"seed": seed, "n": n, "rounds": rounds, "target_mode": target_mode, "num_tasks": len(tasks),
+               "direct": compute_metrics(samples, round_index=0, seed=seed, n_boot=n_boot)}
+    if rounds > 0:
+        metrics["agentic"] = compute_metrics(samples, round_index=rounds, seed=seed, n_boot=n_boot)
+    metrics["by_round"] = [{"round": r, **{k: v for k, v in compute_metrics(
+        samples, round_index=r, seed=seed, n_boot=0).items() if k in ("pass@1", "cov@1", "syn_pass")}}
+        for r in range(rounds + 1)]
+    metrics["timing"] = timing
+    return samples, metrics
+
+
+def _pct(bools):
+    bools = list(bools)
+    return 100.0 * sum(bools) / len(bools) if bools else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Metrics
+
+def pass_at_k(n, c, k):
+    """Unbiased Pass@k of one task with n samples of which c pass (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def cov_at_k(values, k):
+    """Expected max of k samples drawn without replacement from `values` (k = len: the max)."""
+    v, n = sorted(values), len(values)
+    return sum(v[i] * math.comb(i, k - 1) for i in range(k - 1, n)) / math.comb(n, k)
+
+
+def bootstrap_ci(values, seed=0, n_boot=1000, level=0.95):
+    """Percentile bootstrap interval of the mean of per-task values (resampling tasks)."""
+    values = np.asarray(values, dtype=float)
+    if n_boot <= 0 or len(values) == 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
+    means = values[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+    return [float(lo), float(hi)]
+
+
+def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):
+    """Pass@k / Cov@k / SynPass (percent) of the best result up to `round_index` (-1: last round)."""
+    per_task = {}
+    for s in samples:
+        pick = s["best_by_round"][round_index]
+        res = s["rounds"][pick]["result"]
+        t = per_task.setdefault(s["task_id"], {"passed": [], "cov": [], "syn": []})
+        t["passed"].append(passed(res))
+        t["cov"].append(coverage(res))
+        t["syn"].append(syn_ok(res))
+    if not per_task:
+        return {}
+    n = min(len(t["passed"]) for t in per_task.values())
+    out = {"tasks": len(per_task), "n": n}
+    table = {}
+    for tid, t in per_task.items():
+        m = len(t["passed"])
+        table[tid] = {"samples": m, "passes": sum(t["passed"]), "pass_rate": 100.0 * sum(t["passed"]) / m,
+                      "cov_mean": float(np.mean(t["cov"])), "cov_max": max(t["cov"]),
+                      "syn_rate": 100.0 * sum(t["syn"]) / m}
+    for k in range(1, n + 1):
+        out[f"pass@{k}"] = 100.0 * float(np.mean([pass_at_k(len(t["passed"]), sum(t["passed"]), k)
+                                                  for t in per_task.values()]))
+        out[f"cov@{k}"] = float(np.mean([cov_at_k(t["cov"], k) for t in per_task.values()]))
+    out["syn_pass"] = float(np.mean([r["syn_rate"] for r in table.values()]))
+    for name, col in (("pass@1", "pass_rate"), ("cov@1", "cov_mean"), ("syn_pass", "syn_rate")):
+        ci = bootstrap_ci([r[col] for r in table.values()], seed=seed, n_boot=n_boot)
+        if ci is not None:
+            out[f"{name}_ci95"] = ci
+    out["per_task"] = table
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Task selection: fixed tuning / reporting split
+
+def split_of(task_id, tuning_frac=0.3, salt="chorus-mini-split-v1"):
+    """'tuning' or 'report', fixed per id (sha256 of salt + id), independent of the file's order."""
+    h = int.from_bytes(hashlib.sha256(f"{salt}:{task_id}".encode()).digest()[:8], "big")
+    return "tuning" if h / 2 ** 64 < tuning_frac else "report"
+
+
+def split_tasks(tasks, tuning_frac=0.3):
+    """(tuning, report) lists; choices are tuned on the first and numbers reported on the second."""
+    tuning = [t for t in tasks if split_of(t["id"], tuning_frac) == "tuning"]
+    report = [t for t in tasks if split_of(t["id"], tuning_frac) == "report"]
+    return tuning, report
+
+
+def select_tasks(tasks, ids=None, limit=None, split="all"):
+    if split != "all":
+        tasks = split_tasks(tasks)[0 if split == "tuning" else 1]
+    if ids:
+        known = {t["id"]: t for t in tasks}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise SystemExit(f"unknown task ids (in split {split!r}): {missing[:5]}")
+        tasks = [known[i] for i in ids]
+    return tasks[:limit] if limit else tasks
+
+
+# ---------------------------------------------------------------------------------------------------
+# Outputs
+
+def write_eval(out_dir, samples, metrics, config):
+    """samples.jsonl, metrics.json, result.json (config / setup / outcome), then done.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "done.json").unlink(missing_ok=True)
+    with open(out / "samples.jsonl", "w") as f:
+        for s in samples:
+            f.write(json.dumps(s) + "\n")
+    metrics = {**metrics, "config": config}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    headline = {mode: {k: v for k, v in m.items() if k != "per_task"}
+                for mode, m in metrics.items() if mode in ("direct", "agentic")}
+    (out / "result.json").write_text(json.dumps(
+        {"config": config, "setup": {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
+                                     "seed": metrics["seed"]}, "outcome": headline}, indent=1))
+    (out / "done.json").write_text(json.dumps({"metrics": "metrics.json"}))
+
+
+def summary_lines(metrics):
+    lines = []
+    for mode in ("direct", "agentic"):
+        m = metrics.get(mode)
+        if not m:
+            continue
+        n = m["n"]
+        lines.append(f"{mode:8s} {m['tasks']} tasks x {n}, seed {metrics['seed']}: "
+                     f"Pass@1 {m['pass@1']:.1f} {m.get('pass@1_ci95', '')}  Pass@{n} {m[f'pass@{n}']:.1f}  "
+                     f"Cov@1 {m['cov@1']:.1f} {m.get('cov@1_ci95', '')}  Cov@{n} {m[f'cov@{n}']:.1f}  "
+                     f"SynPass {m['syn_pass']:.1f}")
+    return lines
+
+
+def _load_policy(args):
+    model, tok = common.load_model(args.model, quant=args.quant)
+    if args.adapter:
+        model = common.load_adapter(model, args.adapter)
+    model.eval()
+    return model_policy(model, tok, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
+
+
+def _add_model_args(p):
+    p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2)")
+    p.add_argument("--adapter", default=None, help="peft adapter folder to apply")
+    p.add_argument("--quant", default="auto", help="passed to common.load_model")
+    p.add_argument("--temperature", type=float, default=0.7, help="paper eval: 0.7")
+    p.add_argument("--top-p", type=float, default=0.8, help="paper eval: 0.8")
+    p.add_argument("--max-new-tokens", type=int, default=2048, help="paper: 16384 (4B models)")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per policy call")
+    p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (named in the results)")
+    p.add_argument("--sim-workers", type=int, default=None, help="parallel simulations (default: sim's)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# eval
+
+def add_eval_args(p):
+    _add_model_args(p)
+    p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks schema)")
+    p.add_argument("--ids", nargs="+", default=None, help="only these task ids")
+    p.add_argument("--limit", type=int, default=None, help="first N tasks (after --split / --ids)")
+    p.add_argument("--split", choices=("all", "tuning", "report"), default="all",
+                   help="fixed 30/70 split by id hash: tune on 'tuning', report on 'report'")
+    p.add_argument("--out", required=True, help="folder for samples.jsonl, metrics.json, result.json")
+    p.add_argument("--n", type=int, default=5, help="samples per task (paper: 5)")
+    p.add_argument("--rounds", type=int, default=3, help="refinement rounds after the first (paper: 3)")
+    p.add_argument("--mode", choices=("agentic", "direct"), default="agentic",
+                   help="direct = --rounds 0; an agentic run also reports direct (round 0)")
+    p.add_argument("--target-mode", choices=("cvdp", "icarus"), default="cvdp", help="see sim.job_from_task")
+
+
+def cmd_eval(args):
+    tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
+    rounds = 0 if args.mode == "direct" else args.rounds
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config["rounds"] = rounds
+    print(f"eval: {len(tasks)} tasks x {args.n} samples, {rounds} refinement rounds, "
+          f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}")
+    policy = _load_policy(args)
+    samples, metrics = run_eval(policy, tasks, n=args.n, rounds=rounds, sim_workers=args.sim_workers,
+                                seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode)
+    write_eval(args.out, samples, metrics, config)
+    print("\n".join(summary_lines(metrics)))
+    print(f"eval: wrote {args.out}/metrics.json")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# compare: complementarity of several models
+
+def compare(result_dirs, out_dir=None, mode=None):
+    """Task x model matrices, oracle union, best single model, pairwise 'solved by A not B'.
+
+    A model solves a task when any of its samples passes (Pass@n). The oracle union solves a task when
+    any model solves it; oracle Pass@1 / Cov@1 take, per task, the best model's pass rate / mean
+    coverage. Only tasks present in every result are compared.
+    """
+    runs = []
+    for d in result_dirs:
+        m = json.loads((Path(d) / "metrics.json").read_text())
+        runs.append((Path(d).name, m))
+    names = [n for n, _ in runs]
+    if len(set(names)) != len(names):
+        names = [f"{Path(d).parent.name}/{Path(d).name}" for d in result_dirs]
+    if mode is None:
+        mode = "agentic" if all("agentic" in m for _, m in runs) else "direct"
+    tables = [m[mode]["per_task"] for _, m in runs]
+    tasks = sorted(set.intersection(*(set(t) for t in tables)))
+    if not tasks:
+        raise SystemExit("compare: the results share no task")
+    pass_rate = np.array([[t[i]["pass_rate"] for t in tables] for i in tasks])      # (tasks, models)
+    cov_mean = np.array([[t[i]["cov_mean"] for t in tables] for i in tasks])
+    cov_max = np.array([[t[i]["cov_max"] for t in tables] for i in tasks])
+    solved = np.array([[t[i]["passes"] > 0 for t in tables] for i in tasks])
+    models = {name: {"pass@1": float(pass_rate[:, j].mean()), "solved": int(solved[:, j].sum()),
+                     "solved_pct": 100.0 * float(solved[:, j].mean()), "cov@1": float(cov_mean[:, j].mean())}
+              for j, name in enumerate(names)}
+    best_single = max(names, key=lambda n: (models[n]["pass@1"], models[n]["cov@1"]))
+    result = {
+        "mode": mode, "models": names, "tasks": tasks,
+        "dropped_tasks": sorted(set.union(*(set(t) for t in tables)) - set(tasks)),
+        "per_model": models, "best_single": best_single,
+        "oracle": {"solved": int(solved.any(axis=1).sum()), "solved_pct": 100.0 * float(solved.any(axis=1).mean()),
+                   "pass@1": float(pass_rate.max(axis=1).mean()), "cov@1": float(cov_mean.max(axis=1).mean()),
+                   "cov_max": float(cov_max.max(axis=1).mean())},
+        "solved_by_a_not_b": {a: {b: int((solved[:, i] & ~solved[:, j]).sum()) for j, b in enumerate(names)}
+                              for i, a in enumerate(names)},
+        "matrix": {"pass_rate": pass_rate.tolist(), "cov_mean": cov_mean.tolist(), "solved": solved.tolist()},
+    }
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.json").write_text(json.dumps(result, indent=1))
+        _heatmap(pass_rate, cov_mean, tasks, names, out / "compare.png")
+    return result
+
+
+def _heatmap(pass_rate, cov_mean, tasks, names, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    height = max(3.0, 0.18 * len(tasks) + 1.5)
+    fig, axes = plt.subplots(1, 2, figsize=(3 + 1.6 * len(names), height), sharey=True)
+    for ax, mat, title in ((axes[0], pass_rate, "pass rate %"), (axes[1], cov_mean, "mean best coverage %")):
+        im = ax.imshow(mat, aspect="auto", vmin=0, vmax=100, cmap="viridis", interpolation="nearest")
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.05)
+    axes[0].set_yticks(range(len(tasks)), [t[-40:] for t in tasks], fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_compare_args(p):
+    p.add_argument("results", nargs="+", help="eval output folders (each with metrics.json)")
+    p.add_argument("--out", default=None, help="folder for compare.json and compare.png (default: print only)")
+    p.add_argument("--mode", choices=("agentic", "direct"), default=None, help="default: agentic when all have it")
+
+
+def cmd_compare(args):
+    r = compare(args.results, args.out, args.mode)
+    width = max(len(n) for n in r["models"]) + 2
+    print(f"compare ({r['mode']}, {len(r['tasks'])} common tasks):")
+    for name in r["models"]:
+        m = r["per_model"][name]
+        print(f"  {name:{width}s} Pass@1 {m['pass@1']:5.1f}  solved {m['solved']:3d}  Cov@1 {m['cov@1']:5.1f}")
+    o = r["oracle"]
+    print(f"  {'oracle union':{width}s} Pass@1 {o['pass@1']:5.1f}  solved {o['solved']:3d}  Cov@1 {o['cov@1']:5.1f}")
+    print(f"  best single: {r['best_single']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# generate: the everyday use, one design in, the best testbench out
+
+def make_task(rtl_paths, top, inst="uut", spec_paths=(), target=90.0):
+    """A task dict (sim.load_tasks schema) for RTL files on disk."""
+    def files(paths):
+        return [{"name": Path(p).name, "content": Path(p).read_text()} for p in paths]
+    instruction = (f"Write a SystemVerilog testbench for the RTL above. The top module is '{top}'; instantiate it "
+                   f"as '{inst}'. Drive stimulus that exercises as much line, branch, expression, toggle and FSM "
+                   f"coverage as possible. Do not add assertions or output checks.")
+    return {"id": top, "rtl_files": files(rtl_paths), "spec_files": files(spec_paths), "dut_module_name": top,
+            "dut_instance_name": inst, "instruction": instruction,
+            "targets": [{"inst_name": inst, "metric": "overall_average", "target_percentage": target}]}
+
+
+def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers=None, seed=0):
+    """Best testbench over n samples x (1 + rounds); writes it and its scorer report into out_dir."""
+    samples, _ = run_eval(policy, [task], n=n, rounds=rounds, sim_workers=sim_workers, seed=seed, n_boot=0)
+    top = max(samples, key=lambda s: result_key(s["best"]))
+    rec = top["rounds"][top["best_round"]]
+    report = {"task": task["id"], "filename": rec["answer"]["filename"], "round": rec["round"],
+              "sample": top["sample"], "result": rec["result"]}
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if rec["answer"]["code"]:
+            (out / Path(rec["answer"]["filename"]).name).write_text(rec["answer"]["code"])
+        (out / "report.json").write_text(json.dumps(report, indent=1))
+        feedback = sim.format_feedback(sim.SimResult.from_dict(rec["result"])) if rec["result"] else \
+            f"answer not parsed ({rec['answer']['reason']})"
+        (out / "report.txt").write_text(feedback + "\n")
+        with open(out / "samples.jsonl", "w") as f:
+            for s in samples:
+                f.write(json.dumps(s) + "\n")
+    return {**report, "code": rec["answer"]["code"]}
+
+
+def add_generate_args(p):
+    _add_model_args(p)
+    p.add_argument("--rtl", nargs="+", required=True, help="RTL files of the design")
+    p.add_argument("--top", required=True, help="DUT top module")
+    p.add_argument("--inst", default="uut", help="instance name of the DUT in the testbench")
+    p.add_argument("--spec", nargs="*", default=[], help="optional spec files")
+    p.add_argument("--target", type=float, default=90.0, help="overall coverage target (pass/fail)")
+    p.add_argument("--n", type=int, default=1, help="independent samples (the best one is kept)")
+    p.add_argument("--rounds", type=int, default=3, help="refinement rounds")
+    p.add_argument("--out", default="out/generate", help="folder for the testbench and report")
+
+
+def cmd_generate(args):
+    task = make_task(args.rtl, args.top, args.inst, args.spec, args.target)
+    policy = _load_policy(args)
+    rep = generate_testbench(policy, task, n=args.n, rounds=args.rounds, out_dir=args.out,
+                             sim_workers=args.sim_workers, seed=args.seed)
+    res = rep["result"] or {}
+    print(f"generate: best from sample {rep['sample']} round {rep['round']}: status {res.get('status', 'unparsed')}, "
+          f"coverage {res.get('overall_pct')}, passed {res.get('passed', False)} -> {args.out}/{rep['filename']}")
+    return 0

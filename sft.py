@@ -1,0 +1,431 @@
+"""Staged LoRA SFT: one LLM4Cov SFT stage per run (method.md §3).
+
+    python sft.py --model MODEL --data stage0.jsonl --out runs/sft0
+    python sft.py --model MODEL --data stage1.jsonl --out runs/sft1 --init-adapter runs/sft0/adapter
+    python sft.py ... --resume            # continue from runs/sftN/checkpoint after an interruption
+
+What one stage does, in order:
+1. Read the chat JSONL rows of data/build_sft.py ({"messages": [...], "task_id", "stage", "kind", ...}).
+2. Tokenize each row with the model's chat template. The loss covers the LAST assistant turn only
+   (LLaMA-Factory `mask_history: true`); the prompt, earlier turns and padding get label -100.
+   A row longer than --max-len loses tokens from the LEFT of its prompt; the target is never cut
+   (a row whose target alone does not fit is dropped and counted).
+3. Start the LoRA adapter: fresh (common.add_lora) for stage 0, or the previous stage's adapter
+   (--init-adapter) so that stages are progressive, as in the paper.
+4. Train: AdamW, cosine LR with linear warmup (ratio 0.03), gradient accumulation, grad-norm clip 1.0,
+   bf16 autocast on CUDA (LoRA weights kept in fp32), fp32 on CPU (stack.md §1.1: bf16 is ~30x slower
+   there). The loss is the mean over all target tokens of one optimizer step (token-level, so long and
+   short targets weigh by their tokens, not per row).
+5. Write into --out: adapter/ (standard peft folder, bf16 tensors, via common.save_adapter),
+   checkpoint/ (fp32 adapter weights, optimizer, scheduler, RNG states, data cursor; for --resume),
+   log.jsonl (one line per optimizer step), loss.png, result.json (config / setup / outcome) and,
+   last, done.json.
+
+Deviations from the paper (§3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
+than 1e-5; the cutoff is 4096 tokens rather than 40960.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100  # label of tokens that carry no loss
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data: rows -> (input_ids, labels)
+
+def load_rows(path):
+    """Read a chat JSONL file; each row needs a `messages` list that ends with an assistant turn."""
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e})") from None
+            if not isinstance(row.get("messages"), list) or not row["messages"]:
+                raise ValueError(f"{path}:{lineno}: row has no 'messages' list")
+            rows.append(row)
+    return rows
+
+
+def encode_row(tok, messages, max_len):
+    """Tokenize one chat; labels are -100 everywhere except the last assistant turn.
+
+    The prompt (everything before the last assistant turn, plus the generation prompt) and the target
+    (the rest of the rendered chat: the answer and its end-of-turn tokens) are tokenized separately,
+    exactly as generation sees them. Returns None when the target alone exceeds max_len, else
+    {"input_ids", "labels", "prompt_cut"} where prompt_cut counts tokens removed from the left.
+    """
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")  # ValueError if none
+    messages = messages[: last + 1]
+    prompt_text = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    full_text = tok.apply_chat_template(messages, tokenize=False)
+    if not full_text.startswith(prompt_text):
+        raise ValueError("chat template: the rendered prompt is not a prefix of the rendered chat; "
+                         "cannot locate the last assistant turn")
+    prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    target_ids = tok(full_text[len(prompt_text):], add_special_tokens=False)["input_ids"]
+    if len(target_ids) > max_len - 1:  # keep at least one prompt token to predict the first target token
+        return None
+    keep = max_len - len(target_ids)
+    prompt_cut = max(0, len(prompt_ids) - keep)
+    prompt_ids = prompt_ids[prompt_cut:]
+    return {"input_ids": prompt_ids + target_ids,
+            "labels": [IGNORE] * len(prompt_ids) + target_ids,
+            "prompt_cut": prompt_cut}
+
+
+def make_batches(lengths, batch_size, seed, epoch, group_by_length=False):
+    """The micro-batches (lists of row indices) of one epoch; deterministic in (seed, epoch).
+
+    group_by_length: shuffle, cut into mega-batches of 50 micro-batches, sort each by length and
+    shuffle the resulting batches; this cuts padding while keeping the order random.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    if group_by_length:
+        mega = batch_size * 50
+        order = [i for s in range(0, len(order), mega)
+                 for i in sorted(order[s:s + mega], key=lambda i: -lengths[i])]
+    batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    if group_by_length:
+        rng.shuffle(batches)
+    return batches
+
+
+def collate(examples, pad_id):
+    """Right-pad a list of encoded rows into tensors; padding is masked in attention and labels."""
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for b, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[b, :n] = torch.tensor(e["input_ids"])
+        labels[b, :n] = torch.tensor(e["labels"])
+        mask[b, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def target_loss_sum(model, batch):
+    """Sum of the next-token cross-entropy over labelled positions, and their count."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    keep = labels != IGNORE                                   # (B, T-1)
+    picked = logits[:, :-1][keep].float()                     # (N, V): only target positions
+    return F.cross_entropy(picked, labels[keep], reduction="sum"), int(keep.sum())
+
+
+def cosine_with_warmup(warmup_steps, total_steps):
+    """LR multiplier: linear 0 -> 1 over warmup_steps, then cosine 1 -> 0 at total_steps."""
+    def factor(step):
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints (one folder, replaced atomically)
+
+def _trainable_state(model):
+    return {k: v.detach().float().cpu().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def _rng_state():
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state):
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(out_dir, model, optimizer, scheduler, step, config, rows_used):
+    tmp, final = Path(out_dir) / "checkpoint.tmp", Path(out_dir) / "checkpoint"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save({"trainable": _trainable_state(model), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": _rng_state(), "step": step}, tmp / "state.pt")
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "config": config, "rows_used": rows_used}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def load_checkpoint(out_dir, model, optimizer, scheduler):
+    """Restore a checkpoint/ folder into model/optimizer/scheduler/RNG; returns its step (0 if none)."""
+    path = Path(out_dir) / "checkpoint" / "state.pt"
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=False)
+    params = dict(model.named_parameters())
+    mismatch = set(state["trainable"]) ^ {k for k, p in params.items() if p.requires_grad}
+    if mismatch:
+        raise ValueError(f"checkpoint does not match the adapter (e.g. {sorted(mismatch)[:3]}); "
+                         "resume with the same --init-adapter / LoRA settings")
+    with torch.no_grad():
+        for k, v in state["trainable"].items():
+            params[k].copy_(v.to(params[k].dtype))
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    return state["step"]
+
+
+def plot_loss(log_path, png_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    recs = [json.loads(l) for l in open(log_path) if l.strip()]
+    if not recs:
+        return
+    steps, losses = [r["step"] for r in recs], [r["loss"] for r in recs]
+    ema, smooth = losses[0], []
+    for x in losses:
+        ema = 0.9 * ema + 0.1 * x
+        smooth.append(ema)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, losses, alpha=0.35, label="loss")
+    ax.plot(steps, smooth, label="EMA 0.9")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("target-token loss")
+    ax.set_title(Path(log_path).parent.name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+
+def _prepare_adapter(model, init_adapter, lora_r, lora_alpha, lora_dropout):
+    import common
+    if hasattr(model, "peft_config"):       # caller already attached (and activated) an adapter
+        return model
+    if init_adapter:
+        return common.load_adapter(model, str(init_adapter), trainable=True)
+    return common.add_lora(model, r=lora_r, alpha=lora_alpha, dropout=lora_dropout)
+
+
+def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, grad_accum=6, max_len=4096,
+              warmup_ratio=0.03, seed=42, init_adapter=None, resume=False, lora_r=16, lora_alpha=32,
+              lora_dropout=0.05, weight_decay=0.0, max_grad_norm=1.0, group_by_length=False,
+              gradient_checkpointing=False, save_every=100, stop_after_steps=None, progress=True,
+              extra_config=None):
+    """Train one SFT stage on `rows` (chat dicts); write adapter/, logs, result.json and done.json.
+
+    `model` is a base model (an adapter is added, or --init-adapter loaded, as trainable) or an
+    already-wrapped PeftModel. `stop_after_steps` ends the run early without finishing the schedule
+    (time budgets, tests); done.json is then not written, and `resume=True` continues it later.
+    Returns result.json's dict; the trained PeftModel is result["model"] (not written to disk).
+    """
+    import common
+    t0 = time.time()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "grad_accum": grad_accum,
+              "max_len": max_len, "warmup_ratio": warmup_ratio, "seed": seed,
+              "init_adapter": str(init_adapter) if init_adapter else None, "lora_r": lora_r,
+              "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "weight_decay": weight_decay,
+              "max_grad_norm": max_grad_norm, "group_by_length": group_by_length,
+              "gradient_checkpointing": gradient_checkpointing, **(extra_config or {})}
+
+    # 1. data
+    encoded, dropped = [], 0
+    for row in rows:
+        e = encode_row(tok, row["messages"], max_len)
+        if e is None:
+            dropped += 1
+        else:
+            encoded.append(e)
+    if not encoded:
+        raise ValueError(f"no trainable rows ({len(rows)} given, {dropped} longer than max_len={max_len})")
+    lengths = [len(e["input_ids"]) for e in encoded]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    micro_per_epoch = math.ceil(len(encoded) / batch_size)
+    steps_per_epoch = math.ceil(micro_per_epoch / grad_accum)
+    total_steps = steps_per_epoch * epochs
+    warmup_steps = max(1, round(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
+    setup = {"rows": len(rows), "rows_used": len(encoded), "dropped_too_long": dropped,
+             "prompts_truncated": sum(e["prompt_cut"] > 0 for e in encoded),
+             "tokens": sum(lengths), "target_tokens": sum(sum(l != IGNORE for l in e["labels"]) for e in encoded),
+             "steps": total_steps, "warmup_steps": warmup_steps}
+
+    # 2. model, adapter, dtype
+    torch.manual_seed(seed)
+    random.seed(seed)
+    model = _prepare_adapter(model, init_adapter, lora_r, lora_alpha, lora_dropout)
+    device = next(model.parameters()).device
+    use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:                      # optimizer math in fp32 even over a bf16 base
+        p.data = p.data.float()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+    setup.update(device=str(device), compute_dtype="bf16 autocast" if use_bf16 else "fp32",
+                 trainable_params=sum(p.numel() for p in trainable))
+    print(f"sft: {len(encoded)} rows ({dropped} dropped, {setup['prompts_truncated']} prompts cut), "
+          f"{total_steps} steps x {batch_size}x{grad_accum}, lr {lr}, warmup {warmup_steps}, "
+          f"{setup['trainable_params']:,} trainable params, {setup['compute_dtype']} on {device}")
+
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup_steps, total_steps))
+
+    # 3. resume
+    log_path = out_dir / "log.jsonl"
+    step = 0
+    if resume:
+        meta_path = out_dir / "checkpoint" / "meta.json"
+        if meta_path.exists():   # the data cursor only means something with the same data and batching
+            saved = json.loads(meta_path.read_text())
+            keys = ("epochs", "batch_size", "grad_accum", "max_len", "seed", "group_by_length")
+            diff = {k: (saved["config"].get(k), config[k]) for k in keys if saved["config"].get(k) != config[k]}
+            if saved.get("rows_used") != len(encoded):
+                diff["rows_used"] = (saved.get("rows_used"), len(encoded))
+            if diff:
+                raise ValueError(f"--resume: the checkpoint was made with other settings (saved, now): {diff}")
+        step = load_checkpoint(out_dir, model, optimizer, scheduler)
+        print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
+    old = log_path.read_text().splitlines() if (step and log_path.exists()) else []
+    log_path.write_text("".join(l + "\n" for l in old if l.strip() and json.loads(l)["step"] <= step))
+    (out_dir / "done.json").unlink(missing_ok=True)
+
+    # 4. loop: one optimizer step = grad_accum micro-batches, token-level mean over the whole step
+    model.train()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total_steps, initial=step, desc=f"sft {out_dir.name}", dynamic_ncols=True)
+    last_epoch_batches, losses = (None, None), []
+    with open(log_path, "a") as log:
+        while step < total_steps:
+            if stop_after_steps is not None and step >= stop_after_steps:
+                break
+            epoch, in_epoch = divmod(step, steps_per_epoch)
+            if last_epoch_batches[0] != epoch:
+                last_epoch_batches = (epoch, make_batches(lengths, batch_size, seed, epoch, group_by_length))
+            micro = last_epoch_batches[1][in_epoch * grad_accum:(in_epoch + 1) * grad_accum]
+            batches = [collate([encoded[i] for i in idx], pad_id) for idx in micro]
+            n_tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
+            step_loss = 0.0
+            for b in batches:
+                b = {k: v.to(device) for k, v in b.items()}
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    loss_sum, _ = target_loss_sum(model, b)
+                (loss_sum / n_tokens).backward()
+                step_loss += loss_sum.item() / n_tokens
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
+            lr_now = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(step_loss)
+            rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
+                   "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens,
+                   "elapsed_s": round(time.time() - t0, 2)}
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            if bar:
+                bar.update(1)
+                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}")
+            if step % save_every == 0 or step == total_steps or step == stop_after_steps:
+                save_checkpoint(out_dir, model, optimizer, scheduler, step, config, len(encoded))
+    if bar:
+        bar.close()
+
+    # 5. outputs
+    recs = [json.loads(l) for l in open(log_path) if l.strip()]
+    tail = recs[-max(1, len(recs) // 10):] if recs else []
+    finished = step >= total_steps
+    outcome = {"finished": finished, "steps_done": step,
+               "first_loss": recs[0]["loss"] if recs else None,
+               "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
+               "last_step_loss": recs[-1]["loss"] if recs else None,
+               "time_s": round(time.time() - t0, 2)}
+    result = {"config": config, "setup": setup, "outcome": outcome}
+    plot_loss(log_path, out_dir / "loss.png")
+    if finished:
+        common.save_adapter(model, str(out_dir / "adapter"))
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    if finished:
+        (out_dir / "done.json").write_text(json.dumps({"adapter": "adapter", "steps": step,
+                                                       "final_loss": outcome["final_loss"]}))
+    print(f"sft: {step}/{total_steps} steps, loss {outcome['first_loss']} -> {outcome['final_loss']}, "
+          f"{outcome['time_s']} s" + ("" if finished else " (stopped early; --resume continues)"))
+    return {**result, "model": model}
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # Model loading
+    p.add_argument("--model", default=None, help="HF id, local folder or GGUF (default: the bundled SmolLM2)")
+    p.add_argument("--quant", default="auto", help="passed to common.load_model (auto | none | 4bit ...)")
+    p.add_argument("--init-adapter", default=None, help="previous stage's adapter folder (progressive SFT)")
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    # Data
+    p.add_argument("--data", required=True, nargs="+", help="chat JSONL file(s) from data/build_sft.py")
+    p.add_argument("--max-len", type=int, default=4096, help="tokens; prompts are cut from the left")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N rows (smoke runs)")
+    p.add_argument("--group-by-length", action="store_true", help="batch rows of similar length")
+    # Optimization
+    p.add_argument("--epochs", type=int, default=1, help="paper: 1")
+    p.add_argument("--lr", type=float, default=2e-4, help="paper: 1e-5 for full FT; LoRA needs ~10-20x more")
+    p.add_argument("--batch-size", type=int, default=4, help="rows per micro-batch")
+    p.add_argument("--grad-accum", type=int, default=6, help="micro-batches per optimizer step (4x6=24=paper)")
+    p.add_argument("--warmup-ratio", type=float, default=0.03, help="paper: 0.03")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=42, help="paper: 42")
+    # Runtime
+    p.add_argument("--out", required=True, help="stage folder (adapter/, checkpoint/, logs, done.json)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
+    p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (resumable)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    args = p.parse_args(argv)
+
+    import common
+    rows = [r for path in args.data for r in load_rows(path)]
+    if args.limit:
+        rows = rows[:args.limit]
+    model, tok = common.load_model(args.model, quant=args.quant)
+    extra = {"model": args.model, "data": args.data, "limit": args.limit}
+    result = train_sft(model, tok, rows, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                       grad_accum=args.grad_accum, max_len=args.max_len, warmup_ratio=args.warmup_ratio,
+                       seed=args.seed, init_adapter=args.init_adapter, resume=args.resume,
+                       lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                       weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+                       group_by_length=args.group_by_length, gradient_checkpointing=args.gradient_checkpointing,
+                       save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra)
+    return 0 if result["outcome"]["finished"] or args.max_steps else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

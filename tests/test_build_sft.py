@@ -1,0 +1,148 @@
+"""Tests of the staged SFT data builder (data/build_sft.py) with scripted simulator results.
+
+Run: python -m pytest -q tests/test_build_sft.py
+"""
+import re
+
+import pytest
+
+common = pytest.importorskip("common")
+from data import build_sft  # noqa: E402
+
+
+def task(i):
+    return {"id": f"t{i}", "rtl_files": [{"name": "d.sv", "content": f"module d{i}(input a); endmodule"}],
+            "spec_files": [], "dut_module_name": f"d{i}", "dut_instance_name": "uut",
+            "instruction": f"The top module is 'd{i}'. Instantiate it in the testbench with the instance name 'uut'.",
+            "targets": [{"inst_name": "uut", "metric": "overall_average", "target_percentage": 90.0}]}
+
+
+def ans(tag):
+    """An answer whose code carries the scripted result: `// R status cov block toggle`."""
+    return common.render_answer("tb_d.sv", f"module tb; // R {tag}\nendmodule")
+
+
+def scripted_score(pairs):
+    out = []
+    for _, a in pairs:
+        m = re.search(r"// R (\w+) ([\d.]+|-) ([\d.]+|-) ([\d.]+|-)", a)
+        status, cov, blk, tog = m.groups()
+        if status != "ok":
+            out.append({"status": status, "overall_pct": None, "metrics": {}, "uncovered": [],
+                        "errors": [{"source": "iverilog", "file": "tb.sv", "line": 1, "col": 1, "msg": "syntax"}]})
+            continue
+        out.append({"status": "ok", "overall_pct": float(cov), "uncovered": [], "errors": [],
+                    "metrics": {"block": {"covered": 1, "total": 1, "pct": float(blk)},
+                                "toggle": {"covered": 1, "total": 1, "pct": float(tog)}}})
+    return out
+
+
+class ScriptedTeacher:
+    def __init__(self, direct_tags, refine_map):
+        self.direct_tags, self.refine_map = direct_tags, refine_map
+
+    def direct(self, tasks, n):
+        return [[ans(tag) for tag in self.direct_tags[t["id"]][:n]] for t in tasks]
+
+    def refine(self, states):
+        out = []
+        for t, a, r in states:
+            tag = re.search(r"// R ([^\n]+)", a).group(1) if "// R" in (a or "") else "none"
+            out.append(ans(self.refine_map.get((t["id"], tag), tag)))
+        return out
+
+
+@pytest.fixture(autouse=True)
+def no_sim_feedback(monkeypatch):
+    """Feedback text needs sim.format_feedback; the filters under test do not."""
+    monkeypatch.setattr(common, "feedback_message", 
+                        lambda r: f"FEEDBACK {r['status'] if isinstance(r, dict) else 'parse_failure'}")
+
+
+def test_improvement_filter():
+    ok = lambda c, b, t: {"status": "ok", "overall_pct": c, "metrics": {"block": {"pct": b}, "toggle": {"pct": t}}}
+    fail = {"status": "compile_error", "overall_pct": None}
+    assert build_sft.improvement(fail, ok(30, 30, 30)) == "refine_compile"
+    assert build_sft.improvement(fail, fail) is None
+    assert build_sft.improvement(ok(50, 50, 50), ok(50.9, 51.8, 50)) is None           # +0.9 points: too small
+    assert build_sft.improvement(ok(50, 50, 50), ok(60, 80, 40)) is None               # toggle fell
+    assert build_sft.improvement(ok(50, 50, 50), ok(60, 70, 50)) == "refine_coverage"
+    assert build_sft.improvement(ok(50, 50, 50), fail) is None
+
+
+def test_worst_state_selection():
+    r = lambda c: {"status": "ok", "overall_pct": c}
+    f = {"status": "compile_error", "overall_pct": None}
+    tags = lambda runs: [s[2] for s in build_sft.select_states(runs)]
+    assert tags([("a", r(40)), ("b", r(45)), ("c", r(48))]) == ["worst"]               # median - worst = 0.05
+    sel = build_sft.select_states([("a", r(40)), ("b", r(60)), ("c", r(90)), ("d", f), ("e", r(100))])
+    assert [(s[0], s[2]) for s in sel] == [("d", "fail"), ("a", "worst"), ("b", "median")]
+
+
+def test_stage0_best_of_n_and_coverage_required():
+    tasks = [task(0), task(1)]
+    t = ScriptedTeacher({"t0": ["ok 40 40 40", "ok 70 70 70"], "t1": ["compile_error - - -", "timeout - - -"]}, {})
+    rows, st = build_sft.build_stage0(tasks, t, n=2, score_fn=scripted_score)
+    assert st["rows"] == 1 and st["dropped_no_coverage"] == 1
+    (row,) = rows
+    assert row["kind"] == "direct" and row["stage"] == 0 and row["reward_after"] == pytest.approx(1.7)
+    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
+    assert row["messages"][:2] == common.build_messages(tasks[0])
+    assert "// R ok 70 70 70" in row["messages"][2]["content"]
+
+
+def test_refine_rows_filters_and_largest_per_design():
+    tasks = [task(0), task(1), task(2)]
+    pairs = [(tasks[0], ans("ok 20 20 20")), (tasks[0], ans("ok 50 50 50")), (tasks[0], ans("ok 52 52 52")),
+             (tasks[1], ans("ok 30 30 30")),
+             (tasks[2], ans("compile_error - - -")), (tasks[2], ans("ok 60 60 60"))]
+    t = ScriptedTeacher({}, {
+        ("t0", "ok 20 20 20"): "ok 45 45 45",      # +25 (worst state)
+        ("t0", "ok 50 50 50"): "ok 80 80 80",      # +30 (median state, kept as candidate: 50-20 > 10)
+        ("t1", "ok 30 30 30"): "ok 30.5 31 30",    # +0.5 points: rejected
+        ("t2", "compile_error - - -"): "ok 40 40 40",   # fixes the compile error: reward 0 -> 1.4
+        ("t2", "ok 60 60 60"): "ok 70 80 55",      # toggle falls: rejected
+    })
+    rows, st = build_sft.build_refine_rows(pairs, t, stage=1, score_fn=scripted_score, rounds=1)
+    by = {r["task_id"]: r for r in rows}
+    assert set(by) == {"t0", "t2"} and st["rejected_no_improvement"] == 2
+    assert st["states_by_tag"] == {"worst": 3, "median": 1, "fail": 1}
+    assert by["t0"]["kind"] == "refine_coverage" and by["t0"]["reward_before"] == pytest.approx(1.5)
+    assert by["t0"]["reward_after"] == pytest.approx(1.8)                      # the largest improvement
+    assert by["t2"]["kind"] == "refine_compile" and by["t2"]["reward_before"] == 0.0
+    msgs = by["t2"]["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert msgs[:4] == common.refine_messages(tasks[2], ans("compile_error - - -"), None) or \
+        msgs[3]["content"] == "FEEDBACK compile_error"
+    assert "// R ok 40 40 40" in msgs[4]["content"]
+
+
+def test_stage2_uses_states_fn_and_keeps_stage1():
+    tasks = [task(0), task(1)]
+    t = ScriptedTeacher({}, {("t0", "ok 10 10 10"): "ok 60 60 60"})
+    calls = []
+
+    def states_fn(ts):
+        calls.append([x["id"] for x in ts])
+        return [(tasks[0], ans("ok 10 10 10")), (tasks[1], "I cannot write this testbench.")]
+
+    stage1 = [{"task_id": "old", "kind": "direct"}]
+    rows, st = build_sft.build_stage2(tasks, t, stage1, states_fn, score_fn=build_sft_score)
+    assert calls == [["t0", "t1"]] and rows[0] == stage1[0]
+    new = rows[1:]
+    assert [r["stage"] for r in new] == [2, 2] and {r["task_id"] for r in new} == {"t0", "t1"}
+    t1 = next(r for r in new if r["task_id"] == "t1")          # parse failure state -> teacher answer
+    assert t1["kind"] == "refine_compile" and t1["messages"][2]["content"] == "I cannot write this testbench."
+
+
+def build_sft_score(pairs):
+    """Scripted scoring that also handles answers without code (as build_sft.sim_score does)."""
+    out = []
+    for t, a in pairs:
+        if "// R" not in a:
+            out.append({"status": "no_code", "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []})
+        elif "// R none" in a:
+            out.append(scripted_score([(t, ans("ok 55 55 55"))])[0])
+        else:
+            out.append(scripted_score([(t, a)])[0])
+    return out

@@ -1,0 +1,92 @@
+"""Tests of the raw CVDP importer (data/cvdp.py).
+
+Run: python -m pytest -q tests/test_cvdp.py
+"""
+import json
+
+import pytest
+
+from data import cvdp
+
+RTL = "module mux2 (input a, input b, input s, output y);\n  assign y = s ? b : a;\nendmodule\n"
+SUB = "module inv (input a, output y); assign y = ~a; endmodule\n"
+TOP = "module top2 (input a, output y); inv u_inv (.a(a), .y(y)); endmodule\n"
+
+
+def agentic_record(**over):
+    rec = {"id": "cvdp_agentic_mux2_0001", "categories": ["cid012", "medium"],
+           "system_message": "You are an agent.",
+           "prompt": "Write stimulus for mux2. The module is instantiated as `dut_mux`.",
+           "context": {"docs/spec.md": "# mux2\nA 2:1 mux.", "rtl/mux2.sv": RTL},
+           "patch": {"verif/tb_mux2.sv": "module tb; endmodule\n"},
+           "harness": {"files": {"src/.env": "TARGET = 85\nSIM = xrun\n", "src/process.py": "pass\n"}}}
+    rec.update(over)
+    return rec
+
+
+def write(tmp_path, recs, name="in.jsonl"):
+    p = tmp_path / name
+    p.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in recs) + "\n")
+    return p
+
+
+@pytest.mark.needs_shared
+def test_real_cid012_record(shared_dir, tmp_path):
+    src = shared_dir / "data" / "cvdp_example_cid012.jsonl"
+    tasks, rep = cvdp.import_cvdp([src])
+    assert len(tasks) == 1 and not rep["errors"]
+    t = tasks[0]
+    assert t["id"] == "cvdp_copilot_gf_multiplier_0039"
+    assert t["dut_module_name"] == "gf_multiplier" and t["dut_instance_name"] == "uut"
+    assert [f["name"] for f in t["rtl_files"]] == ["gf_multiplier.sv"]
+    assert "module gf_multiplier" in t["rtl_files"][0]["content"]
+    assert t["targets"] == [{"inst_name": "uut", "metric": "overall_average", "target_percentage": 90.0}]
+    assert t["is_agentic"] is False and t["difficulty"] == "easy"
+    assert t["spec_files"][0]["content"].startswith("Develop a testbench")
+    assert t["reference_tb"]["name"] == "gf_multiplier_tb.sv"
+    assert "'uut'" in t["instruction"] and "'gf_multiplier'" in t["instruction"]
+    out = tmp_path / "tasks.jsonl"
+    cvdp.main([str(src), "--out", str(out)])
+    assert json.loads(out.read_text().splitlines()[0])["id"] == t["id"]
+
+
+def test_agentic_layout_and_top_choice(tmp_path):
+    tasks, _ = cvdp.import_cvdp([write(tmp_path, [agentic_record()])])
+    t = tasks[0]
+    assert t["is_agentic"] is True and t["dut_module_name"] == "mux2" and t["dut_instance_name"] == "dut_mux"
+    assert t["targets"][0] == {"inst_name": "dut_mux", "metric": "overall_average", "target_percentage": 85.0}
+    assert [f["name"] for f in t["spec_files"]] == ["spec.md", "spec.md"]
+    assert t["reference_tb"]["name"] == "tb_mux2.sv"
+    # harness src/ RTL wins over context; the top is the module nobody instantiates
+    rec = agentic_record(harness={"files": {"src/.env": "TARGET = 90", "src/inv.sv": SUB, "src/top2.sv": TOP,
+                                            "src/process.py": 'assert metrics ["u_top"]["Average"] >= 1'}})
+    t = cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]
+    assert t["dut_module_name"] == "top2" and t["dut_instance_name"] == "u_top"
+    assert sorted(f["name"] for f in t["rtl_files"]) == ["inv.sv", "top2.sv"]
+
+
+def test_malformed_lines_name_line_and_reason(tmp_path):
+    good = agentic_record()
+    p = write(tmp_path, [good, "{not json"])
+    with pytest.raises(cvdp.CvdpError, match=r"in.jsonl:2: invalid JSON"):
+        cvdp.import_cvdp([p])
+    no_target = agentic_record(id="x2", harness={"files": {"src/.env": "SIM = xrun"}})
+    with pytest.raises(cvdp.CvdpError, match=r":1: bad record: no TARGET"):
+        cvdp.import_cvdp([write(tmp_path, [no_target])])
+    no_inst = agentic_record(id="x3", prompt="Write stimulus for mux2.")
+    with pytest.raises(cvdp.CvdpError, match="no instance name"):
+        cvdp.import_cvdp([write(tmp_path, [no_inst])])
+    no_rtl = agentic_record(id="x4", context={})
+    with pytest.raises(cvdp.CvdpError, match="no DUT RTL"):
+        cvdp.import_cvdp([write(tmp_path, [no_rtl])])
+    tasks, rep = cvdp.import_cvdp([write(tmp_path, [good, "{bad", no_target])], keep_going=True)
+    assert len(tasks) == 1 and len(rep["errors"]) == 2 and ":2:" in rep["errors"][0] and ":3:" in rep["errors"][1]
+
+
+def test_other_categories_are_counted_not_silent(tmp_path, capsys):
+    other = agentic_record(id="y1", categories=["cid013", "easy"])
+    p = write(tmp_path, [agentic_record(), other])
+    tasks, rep = cvdp.import_cvdp([p])
+    assert len(tasks) == 1 and rep["skipped_categories"] == {"cid013": 1}
+    cvdp.main([str(p), "--out", str(tmp_path / "o.jsonl")])
+    assert "skipped 1 records of category cid013" in capsys.readouterr().out

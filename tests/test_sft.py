@@ -1,0 +1,158 @@
+"""Staged LoRA SFT on the tiny random model (CPU, seconds).
+
+Run: python -m pytest -q tests/test_sft.py
+"""
+import json
+
+import pytest
+import torch
+
+import common
+import sft
+
+
+def chat(i, turns=1):
+    """A chat with `turns` assistant answers; the last one is the SFT target."""
+    msgs = [{"role": "system", "content": "You are a testbench expert."},
+            {"role": "user", "content": f"<context>module m{i}(input clk); endmodule</context>"}]
+    for t in range(turns):
+        if t:
+            msgs.append({"role": "user", "content": f"EDA result: status compile_error (round {t})"})
+        msgs.append({"role": "assistant", "content": common.render_answer(
+            f"tb_{i}_{t}.sv", f"module tb;\n  reg clk = {t % 2};\n  m{i} uut(.clk(clk));\n  initial #{10 + t} $finish;\nendmodule")})
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return [{"messages": chat(i, turns=1 + i % 2), "task_id": f"t{i}", "stage": 0, "kind": "direct"}
+            for i in range(8)]
+
+
+def fresh():
+    torch.manual_seed(0)
+    return common.tiny_model(seed=0)
+
+
+def set_loss(model, tok, rows, max_len=512):
+    """Token-mean target loss of `rows`, in eval mode (no dropout)."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            e = sft.encode_row(tok, r["messages"], max_len)
+            s, n = sft.target_loss_sum(model, sft.collate([e], tok.pad_token_id))
+            total, count = total + s.item(), count + n
+    return total / count
+
+
+def test_label_mask_is_exactly_the_last_assistant_turn():
+    model, tok = fresh()
+    msgs = chat(3, turns=2)
+    e = sft.encode_row(tok, msgs, max_len=4096)
+    ids, labels = e["input_ids"], e["labels"]
+    assert len(ids) == len(labels) and e["prompt_cut"] == 0
+    first = next(i for i, l in enumerate(labels) if l != -100)
+    assert all(l == -100 for l in labels[:first])           # one contiguous labelled tail
+    assert labels[first:] == ids[first:]
+    prompt = tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+    full = tok.apply_chat_template(msgs, tokenize=False)
+    assert tok.decode(ids[first:]) == full[len(prompt):]    # the answer plus its end-of-turn tokens
+    assert msgs[-1]["content"] in tok.decode(ids[first:])
+    assert msgs[2]["content"] not in tok.decode(ids[first:])  # the earlier assistant turn carries no loss
+    assert tok.decode(ids[:first]) == prompt
+
+    # padding: masked in attention and labels
+    short = sft.encode_row(tok, chat(1), 4096)
+    batch = sft.collate([e, short], tok.pad_token_id)
+    pad = batch["attention_mask"][1] == 0
+    assert pad.any() and (batch["labels"][1][pad] == -100).all()
+    assert int((batch["labels"] != -100).sum()) == sum(l != -100 for l in e["labels"] + short["labels"])
+
+
+def test_truncation_cuts_the_prompt_from_the_left_never_the_target():
+    model, tok = fresh()
+    full = sft.encode_row(tok, chat(2, turns=2), 4096)
+    n_target = sum(l != -100 for l in full["labels"])
+    cut = sft.encode_row(tok, chat(2, turns=2), n_target + 5)
+    assert len(cut["input_ids"]) == n_target + 5
+    assert cut["input_ids"] == full["input_ids"][-(n_target + 5):]
+    assert cut["prompt_cut"] == len(full["input_ids"]) - n_target - 5
+    assert sum(l != -100 for l in cut["labels"]) == n_target
+    assert sft.encode_row(tok, chat(2, turns=2), n_target) is None  # target alone does not fit: dropped
+
+
+def test_sft_lowers_loss_and_saves_a_reloadable_adapter(rows, tmp_path):
+    model, tok = fresh()
+    before = set_loss(model, tok, rows)
+    res = sft.train_sft(model, tok, rows, tmp_path / "s0", epochs=6, lr=5e-3, batch_size=4, grad_accum=1,
+                        max_len=512, seed=0, progress=False)
+    trained = res["model"]
+    after = set_loss(trained, tok, rows)
+    assert after < before - 0.3, (before, after)
+    out = tmp_path / "s0"
+    for name in ("adapter/adapter_config.json", "log.jsonl", "loss.png", "result.json", "done.json"):
+        assert (out / name).exists(), name
+    result = json.loads((out / "result.json").read_text())
+    assert result["setup"]["rows_used"] == 8 and result["setup"]["steps"] == 12
+    assert result["outcome"]["finished"] and result["outcome"]["final_loss"] < result["outcome"]["first_loss"]
+    assert len((out / "log.jsonl").read_text().splitlines()) == 12
+
+    # reload onto a fresh base: same predictions (adapter stored in bf16, hence the tolerance)
+    base, _ = fresh()
+    reloaded = common.load_adapter(base, str(out / "adapter"))
+    x = sft.collate([sft.encode_row(tok, rows[0]["messages"], 512)], tok.pad_token_id)
+    trained.eval()
+    reloaded.eval()
+    with torch.no_grad():
+        a = trained(input_ids=x["input_ids"]).logits
+        b = reloaded(input_ids=x["input_ids"]).logits
+    assert torch.allclose(a, b, atol=5e-2), (a - b).abs().max()
+    assert abs(set_loss(reloaded, tok, rows) - after) < 0.05
+
+    # the next stage starts from this adapter (progressive SFT)
+    base, _ = fresh()
+    res1 = sft.train_sft(base, tok, rows[:4], tmp_path / "s1", epochs=1, lr=1e-3, batch_size=4, grad_accum=1,
+                         max_len=512, seed=0, init_adapter=out / "adapter", progress=False)
+    first = json.loads((tmp_path / "s1" / "log.jsonl").read_text().splitlines()[0])["loss"]
+    assert first < before - 0.3       # stage 1 step 1 already sees the trained stage-0 weights
+    assert (tmp_path / "s1" / "done.json").exists() and res1["config"]["init_adapter"]
+
+
+def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, lora_dropout=0.1,
+              group_by_length=True, progress=False)
+    model, tok = fresh()
+    whole = sft.train_sft(model, tok, rows, tmp_path / "whole", **kw)
+    model, tok = fresh()
+    part = sft.train_sft(model, tok, rows, tmp_path / "split", stop_after_steps=3, **kw)
+    assert not part["outcome"]["finished"] and not (tmp_path / "split" / "done.json").exists()
+    model, tok = fresh()
+    with pytest.raises(ValueError, match="batch_size"):          # the data cursor needs the same batching
+        sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **{**kw, "batch_size": 4})
+    model, tok = fresh()
+    rest = sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **kw)
+    assert rest["outcome"]["finished"]
+
+    def losses(d):
+        return [json.loads(l)["loss"] for l in (tmp_path / d / "log.jsonl").read_text().splitlines()]
+    assert len(losses("whole")) == 4
+    assert losses("split") == pytest.approx(losses("whole"), abs=1e-5)
+    a = {k: v for k, v in whole["model"].named_parameters() if v.requires_grad}
+    b = {k: v for k, v in rest["model"].named_parameters() if v.requires_grad}
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_schedule_warmup_then_cosine_to_zero():
+    f = sft.cosine_with_warmup(3, 13)
+    assert [round(f(s), 3) for s in (0, 1, 2)] == [0.333, 0.667, 1.0]
+    assert f(3) == 1.0 and abs(f(8) - 0.5) < 1e-9 and f(13) == 0.0
+
+
+def test_batches_cover_every_row_once_per_epoch():
+    lengths = [5, 50, 7, 30, 9, 11, 2]
+    for group in (False, True):
+        b = sft.make_batches(lengths, 3, seed=0, epoch=1, group_by_length=group)
+        assert sorted(i for x in b for i in x) == list(range(7))
+        assert b == sft.make_batches(lengths, 3, seed=0, epoch=1, group_by_length=group)
+    assert sft.make_batches(lengths, 3, 0, 1) != sft.make_batches(lengths, 3, 0, 2)
