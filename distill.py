@@ -1,0 +1,463 @@
+"""Reward-gated multi-teacher on-policy distillation (OPD), the CHORUS main method (method.md §6).
+
+    python distill.py --model M --student best --val-metrics s0.json s1.json s2.json \
+        --teachers runs/rl0/adapter runs/rl1/adapter runs/rl2/adapter --tasks TASKS.jsonl --out runs/opd
+
+One base model carries every adapter (peft, switched with set_adapter): the trainable "student"
+and K frozen "teacher<i>" adapters. Per step:
+ 1. The student samples G rollouts per prompt with RL's two-round structure (rl.py); each round is
+    one group. Each teacher samples k rollouts (default 1) of the same group prompt. All are scored
+    with sim.reward.
+ 2. Gate, per group: t* = argmax_t stat(teacher t's rewards) (ties -> lowest index); distill iff
+    stat(t*) > stat(student) + eps. stat is "best" (max, the paper's Eq. 3) or "median".
+ 3. Passed groups: task reward is dropped and every student token gets the vOPD advantage
+        A_t = -lam * ((log p_s(y_t) - log p_t*(y_t)) - b_t),
+        b_t = sum_{k in TopK_s} q_s(k) (log q_s(k) - log q_t*(k))   (q renormalised on the student top-K)
+    Failed groups: no gradient (--on-fail skip, the paper's 88.0% variant) or ordinary GRPO
+    advantages (--on-fail rl). --no-gate always distills from t* (the "always distill" ablation).
+ 4. One clipped policy-gradient update (rl.dapo_loss); RL and OPD tokens are token-averaged
+    separately and the two means summed (slime's policy_loss_function).
+
+Rollouts, the loss, the optimizer step, checkpoints and logging come from rl.py. This file owns the
+teacher scoring, the pure gate, and the distillation advantage.
+
+Deviations from the paper: LoRA adapters on one (possibly 4-bit) base instead of full weights;
+teachers are adapters sampled in-process instead of SGLang servers; the Icarus scorer instead of
+xrun/IMC; run length and batch are flags (defaults: the authors' final OPD script where known).
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import rl
+
+GATE_STATS = ("best", "median")
+ON_FAIL = ("skip", "rl")
+
+
+# -----------------------------------------------------------------------------
+# The gate (pure, no model)
+
+def group_stat(rewards, stat="best"):
+    """The statistic a gate compares: "best" = max, "median" = statistics.median (mean of the two
+    middle values for an even count)."""
+    rewards = [float(r) for r in rewards]
+    if not rewards:
+        raise ValueError("group_stat: empty reward list")
+    if stat == "best":
+        return max(rewards)
+    if stat == "median":
+        return statistics.median(rewards)
+    raise ValueError(f"unknown gate statistic {stat!r} (choose from {GATE_STATS})")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    teacher: int               # t*: the routed teacher, even when the gate fails (for logging)
+    passed: bool               # distill from t* on this group
+    student_stat: float
+    teacher_stats: tuple       # stat of every teacher, in teacher order
+
+
+def gate(student_rewards, teacher_rewards, eps=0.0, stat="best", always=False):
+    """Route one group to a teacher and decide whether to distill.
+
+    student_rewards: the G rewards of the student's group. teacher_rewards: one list per teacher
+    (its k rollouts of the same prompt). t* = argmax of the teachers' statistic, ties to the lowest
+    index; passes iff stat(t*) > stat(student) + eps (strict), or always with always=True (--no-gate).
+    """
+    if not teacher_rewards:
+        raise ValueError("gate: no teachers")
+    teacher_stats = tuple(group_stat(r, stat) for r in teacher_rewards)
+    t_star = max(range(len(teacher_stats)), key=lambda i: (teacher_stats[i], -i))
+    student_stat = group_stat(student_rewards, stat)
+    passed = always or teacher_stats[t_star] > student_stat + eps
+    return GateDecision(t_star, bool(passed), student_stat, teacher_stats)
+
+
+def group_mode(decision, on_fail="skip"):
+    """What a group trains with: "opd" (gate passed), else "rl" or "skip" per --on-fail."""
+    if on_fail not in ON_FAIL:
+        raise ValueError(f"unknown --on-fail {on_fail!r} (choose from {ON_FAIL})")
+    return "opd" if decision.passed else on_fail
+
+
+# -----------------------------------------------------------------------------
+# The distillation advantage (pure tensors)
+
+def topk_reverse_kl(student_logits, teacher_logits, k=16):
+    """b_t: reverse KL(q_s || q_t) with both distributions renormalised over the student's top-k
+    tokens at each position. Logits or log-probs (..., V), already divided by the temperature;
+    returns (...). Renormalising makes the result independent of any per-position offset."""
+    k = min(k, student_logits.shape[-1])
+    top_ids = student_logits.topk(k, dim=-1).indices                       # (..., k)
+    return support_reverse_kl(student_logits.gather(-1, top_ids), teacher_logits.gather(-1, top_ids))
+
+
+def support_reverse_kl(student_support, teacher_support):
+    """The same KL from values already gathered on the support (..., k): rl.per_token_logps gives
+    the student's top-k log-probs (topk=K) and the teacher's at those ids (gather_ids=...)."""
+    dtype = torch.promote_types(student_support.dtype, torch.float32)     # bf16 -> fp32
+    log_q_s = student_support.to(dtype).log_softmax(-1)                   # renormalise on the support
+    log_q_t = teacher_support.to(dtype).log_softmax(-1)
+    return (log_q_s.exp() * (log_q_s - log_q_t)).sum(-1)
+
+
+def vopd_advantages(student_logps, teacher_logps, b, lam=1.0):
+    """A_t = -lam * ((log p_s(y_t) - log p_t*(y_t)) - b_t), all detached (the advantage is a
+    constant in the policy gradient). student_logps/teacher_logps: log-probs of the sampled tokens."""
+    log_ratio = student_logps.detach() - teacher_logps.detach()
+    return -lam * (log_ratio - b.detach())
+
+
+# -----------------------------------------------------------------------------
+# Teachers: their rollouts (for the gate) and their log-probs (for the advantage)
+
+def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperature=1.0,
+                        gen_batch_size=64):
+    """The real teacher source: each teacher adapter samples `num_samples` answers to every group's
+    prompt (round-2 groups: the student's refinement state), scored like the student's.
+    Returns teacher_source(model, tok, groups, group_tasks, teachers, *, step) ->
+    (rewards[group][teacher] = list of num_samples floats, timings). Seeds derive from
+    (seed, step, teacher), so a resumed run repeats them."""
+    import common
+
+    def teacher_source(model, tok, groups, group_tasks, teachers, *, step):
+        k, timings, waits = num_samples, {"t_gen": 0.0, "t_sim": 0.0}, []
+        messages_list = [g.samples[0].messages for g in groups for _ in range(k)]
+        tasks_list = [t for t in group_tasks for _ in range(k)]
+        for i, name in enumerate(teachers):
+            t0 = time.perf_counter()
+            with rl.use_adapter(model, name):
+                completions = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
+                                              temperature=temperature, top_p=1.0, batch_size=gen_batch_size,
+                                              seed=rl.derive_seed(seed, "teacher", step, i))
+            timings["t_gen"] += time.perf_counter() - t0
+            # score_fn submits at once: teacher i simulates while teacher i+1 generates
+            waits.append([score_fn(t, c) for t, c in zip(tasks_list, completions)])
+        t0 = time.perf_counter()
+        rewards = [[w().reward for w in ws] for ws in waits]              # [teacher][group * k]
+        timings["t_sim"] += time.perf_counter() - t0
+        return [[r[g * k:(g + 1) * k] for r in rewards] for g in range(len(groups))], timings
+    return teacher_source
+
+
+def distill_advantages(model, rows, teacher, *, temperature=1.0, topk=16, lam=1.0, pad_token_id=0,
+                       max_tokens_per_micro=16384, chunk_tokens=1024):
+    """Per-token vOPD advantages of student-sampled rows toward one teacher adapter.
+
+    The student (the active adapter) and the teacher are scored without grad on the same tokens;
+    both divide their logits by the sampling temperature (rl.per_token_logps). The student's top-K
+    ids at each position are the support of b_t; the teacher is scored on those ids.
+    Returns (advantages: one 1-D tensor per row, sums: {"log_ratio", "b", "advantage", "tokens"}).
+    """
+    advantages, sums = [None] * len(rows), {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
+    with torch.no_grad():
+        for mb in rl.micro_batches(rows, max_tokens_per_micro):
+            mb_rows = [rows[i] for i in mb]
+            kw = dict(temperature=temperature, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
+            student = rl.per_token_logps(model, mb_rows, topk=topk, **kw)
+            with rl.use_adapter(model, teacher):
+                teacher_out = rl.per_token_logps(model, mb_rows, gather_ids=student.topk_ids, **kw)
+            b = support_reverse_kl(student.topk_logps, teacher_out.topk_logps)          # (B, T)
+            adv = vopd_advantages(student.logps, teacher_out.logps, b, lam)           # (B, T)
+            mask = student.mask
+            sums["log_ratio"] += float(((student.logps - teacher_out.logps) * mask).sum())
+            sums["b"] += float((b * mask).sum())
+            sums["advantage"] += float((adv * mask).sum())
+            sums["tokens"] += int(mask.sum())
+            for j, i in enumerate(mb):
+                advantages[i] = adv[j, :len(rows[i].completion_ids)].float().cpu()
+    return advantages, sums
+
+
+# -----------------------------------------------------------------------------
+# Choosing the student and the teachers
+
+def val_score(path):
+    """(Pass@1, Cov@1) of an evaluate.py metrics.json (or a folder holding one): agentic when
+    present, else direct."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.json"
+    metrics = json.loads(path.read_text())
+    mode = metrics.get("agentic") or metrics.get("direct")
+    if not mode or "pass@1" not in mode:
+        raise SystemExit(f"{path}: no agentic/direct pass@1 (expected an evaluate.py metrics.json)")
+    return float(mode["pass@1"]), float(mode.get("cov@1", 0.0))
+
+
+def choose_experts(student, teachers, val_metrics=None):
+    """(student adapter, teacher adapters). student="best": the expert of `teachers` with the best
+    validation (Pass@1, then Cov@1; ties -> first), and the others are the teachers (paper: student =
+    the best expert, teachers = the other experts). A student path that is also listed as a teacher
+    is removed from the teachers."""
+    if student == "best":
+        if not val_metrics or len(val_metrics) != len(teachers):
+            raise SystemExit("--student best needs --val-metrics with one metrics file per --teachers entry")
+        scores = [val_score(m) for m in val_metrics]
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        print("validation (pass@1, cov@1): " + ", ".join(f"{t}: {s}" for t, s in zip(teachers, scores))
+              + f" -> student {teachers[best]}")
+        student = teachers[best]
+    same = lambda a, b: Path(a).resolve() == Path(b).resolve()
+    kept = [t for t in teachers if not same(t, student)]
+    if len(kept) < len(teachers):
+        print(f"note: the student {student} is not used as its own teacher")
+    if not kept:
+        raise SystemExit("no teacher left: pass at least one --teachers adapter other than the student")
+    return student, kept
+
+
+def teacher_name(i):
+    return f"teacher{i}"
+
+
+def build_models(args, student, teachers):
+    """One base model with the student as the trainable "default" adapter (rl.build_policy) and
+    each teacher as a frozen adapter "teacher<i>"; the student is left active."""
+    import common
+    policy_args = argparse.Namespace(model=args.model, quant=args.quant, seed=args.seed, adapter=student,
+                                     lora_r=None, lora_alpha=None, kl_beta=0.0,
+                                     gradient_checkpointing=args.gradient_checkpointing)
+    model, tok, _ = rl.build_policy(policy_args)
+    for i, path in enumerate(teachers):
+        common.load_adapter(model, path, adapter_name=teacher_name(i), trainable=False)
+    model.set_adapter("default")          # active and trainable again; the teachers stay frozen
+    rl.disable_dropout(model)             # the teachers' LoRA dropout too
+    return model, tok
+
+
+def inherited_lr(student):
+    """The LR of the RL run that produced the student adapter (OUT/result.json beside OUT/adapter),
+    or None."""
+    result = Path(student).parent / "result.json"
+    try:
+        return float(json.loads(result.read_text())["config"]["lr"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+# -----------------------------------------------------------------------------
+# The run
+
+PLOT_KEYS = ["reward", "reward_max", "teacher_reward_best", "gate_pass_rate", "skipped_groups",
+             "opd/log_ratio", "opd/b", "opd/advantage", "clip_ratio/low", "clip_ratio/high", "entropy",
+             "grad_norm", "completions/mean_length", "t_gen", "t_sim", "t_train"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # Model, student and teachers
+    p.add_argument("--model", default=None, help="HF id, folder or GGUF (None: SmolLM2 GGUF); 'tiny' = random test model")
+    p.add_argument("--quant", default="auto", help="passed to common.load_model: auto | 4bit | none")
+    p.add_argument("--student", default="best", help="student adapter to start from, or 'best' (needs --val-metrics)")
+    p.add_argument("--teachers", nargs="+", required=True, help="expert adapters (the student is dropped from them)")
+    p.add_argument("--val-metrics", nargs="+", default=None, help="evaluate.py metrics.json per --teachers entry, for --student best")
+    p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks)")
+    p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
+    p.add_argument("--out", required=True, help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json")
+    # Horizon and batch
+    p.add_argument("--steps", type=int, default=100, help="optimizer updates (paper: 100, unverified)")
+    p.add_argument("--prompts-per-step", type=int, default=4, help="prompts per step (authors' final script: 4)")
+    p.add_argument("--group-size", type=int, default=4, help="G student samples per group (paper: 4)")
+    p.add_argument("--rounds", type=int, default=2, help="groups per prompt, as in RL (paper: 2)")
+    p.add_argument("--teacher-samples", type=int, default=1, help="k rollouts per teacher and group (final script: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap, student and teachers")
+    p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature; log-probs use the same (paper: 1.0)")
+    p.add_argument("--gen-chunk", type=int, default=1, help="prompts per student generate call")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
+    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    # Gate and loss
+    p.add_argument("--gate-stat", default="best", choices=GATE_STATS, help="reward statistic the gate compares (paper: best)")
+    p.add_argument("--eps", type=float, default=0.0, help="gate margin: distill iff teacher > student + eps (paper: 0)")
+    p.add_argument("--no-gate", action="store_true", help="always distill from t* (the 'always distill' ablation)")
+    p.add_argument("--on-fail", default="skip", choices=ON_FAIL, help="closed gate: no gradient (paper) or a GRPO update")
+    p.add_argument("--topk", type=int, default=16, help="student top-K support of the control variate b_t (paper: 16)")
+    p.add_argument("--lam", type=float, default=1.0, help="lambda, the OPD advantage scale (paper: 1.0)")
+    p.add_argument("--lr", type=float, default=None, help="constant LR (None: the student's RL run's LR, else 2e-5)")
+    p.add_argument("--epsilon-low", type=float, default=0.2)
+    p.add_argument("--epsilon-high", type=float, default=0.28, help="DAPO clip-higher, as in RL")
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--max-tokens-per-micro", type=int, default=16384, help="padded tokens per micro-batch")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    # Runtime
+    p.add_argument("--seed", type=int, default=42, help="paper: 42")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
+    p.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
+    p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    return p.parse_args(argv)
+
+
+def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
+    """Gate and teacher numbers of one step (student reward etc. come from rl.rollout_metrics)."""
+    n = max(len(groups), 1)
+    mean = lambda xs: float(sum(xs) / len(xs)) if xs else None
+    m = {"groups": len(groups),
+         "gate_pass_rate": sum(d.passed for d in decisions) / n,
+         "opd_groups": modes.count("opd"), "rl_groups": modes.count("rl"), "skipped_groups": modes.count("skip"),
+         "student_reward_best": mean([max(g.rewards) for g in groups]),
+         "teacher_reward_best": mean([max(max(r) for r in tr) for tr in teacher_rewards])}
+    for t in range(n_teachers):
+        m[f"teacher_chosen/t{t}"] = sum(1 for d, mo in zip(decisions, modes) if mo == "opd" and d.teacher == t)
+        m[f"teacher_reward/t{t}"] = mean([r for tr in teacher_rewards for r in tr[t]])
+    return m
+
+
+def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
+    """Train. source (rl.py's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
+    timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
+    (tests pass scripted ones); score_fn replaces only the scorer of both."""
+    import common
+    from tqdm import tqdm
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "done.json").exists():
+        print(f"{out}/done.json exists: nothing to do")
+        return json.loads((out / "done.json").read_text())
+    ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
+    if rl.latest_checkpoint(ckpt_dir) and not args.resume:
+        raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
+    student, teachers = choose_experts(args.student, args.teachers, args.val_metrics)
+    if args.lr is None:
+        args.lr = inherited_lr(student)
+        print(f"Inherited lr {args.lr} from the student's RL run" if args.lr is not None
+              else "lr: 2e-05 (default; the student's RL run has no result.json)")
+        args.lr = 2e-5 if args.lr is None else args.lr
+    user_config = dict(vars(args), student=student, teachers=teachers)
+    print("distill.py config: " + json.dumps(user_config))
+    if tasks is None:
+        import sim
+        tasks = sim.load_tasks(args.tasks)
+    model, tok = build_models(args, student, teachers)
+    names = [teacher_name(i) for i in range(len(teachers))]
+    optimizer = rl.make_optimizer(model, args.lr)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"tasks {len(tasks)}, trainable params {n_trainable:,}, teachers {len(teachers)}: "
+          + ", ".join(f"t{i}={t}" for i, t in enumerate(teachers))
+          + f" | gate {'off' if args.no_gate else f'{args.gate_stat} + eps {args.eps}'}, on fail {args.on_fail}")
+
+    step, cursor, log, resumed_step = 0, 0, [], None
+    ckpt = rl.latest_checkpoint(ckpt_dir) if args.resume else None
+    if ckpt:
+        meta = rl.load_checkpoint(ckpt, model, optimizer)
+        step, cursor, log = meta["step"], meta["cursor"], meta["log"]
+        resumed_step = step
+        print(f"resumed from {ckpt} (step {step}, data cursor {cursor})")
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in log))   # drop steps past the checkpoint
+
+    pool = None
+    if source is None or teacher_source is None:
+        if score_fn is None:
+            import sim
+            pool = sim.SimPool(args.sim_workers)
+            score_fn = rl.sim_score_fn(pool, args.target_mode)
+        gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
+                   gen_batch_size=args.gen_batch_size)
+        source = source or rl.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
+                                                chunk_size=args.gen_chunk, **gen)
+        teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True)
+    try:
+        while True:
+            last_step = step == args.steps
+            # once in a while: save (the state after `step` updates)
+            if step > 0 and (last_step or step % args.save_every == 0) and step != resumed_step:
+                rl.save_checkpoint(ckpt_dir, step, model, optimizer,
+                                   {"user_config": user_config, "cursor": cursor, "log": log}, args.keep_last)
+            if log and args.plot_every > 0 and (last_step or step % args.plot_every == 0):
+                rl.plot_log(log, out / "curves.png", keys=PLOT_KEYS)
+            if last_step:
+                break
+            # ---------------------------------------------------------------- rollouts and the gate
+            t0 = time.perf_counter()
+            groups, _, cursor, timings = rl.collect_groups(
+                source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
+                rounds=args.rounds, seed=args.seed)
+            group_tasks = [tasks[rl.task_order(g.index, len(tasks), args.seed)] for g in groups]
+            teacher_rewards, t_timings = teacher_source(model, tok, groups, group_tasks, names, step=step)
+            decisions = [gate(g.rewards, tr, args.eps, args.gate_stat, always=args.no_gate)
+                         for g, tr in zip(groups, teacher_rewards)]
+            modes = [group_mode(d, args.on_fail) for d in decisions]
+            t1 = time.perf_counter()
+            # ---------------------------------------------------------------- advantages and one update
+            rows, advantages, labels = [], [], []
+            for g, mode in zip(groups, modes):       # closed gate with --on-fail rl: GRPO on the task reward
+                if mode == "rl":
+                    rows += g.samples
+                    advantages += rl.compute_advantages(g.rewards, len(g.samples)).tolist()
+                    labels += ["rl"] * len(g.samples)
+            kl = {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
+            for t, name in enumerate(names):         # open gate: task reward dropped, distill toward t*
+                opd_rows = [s for g, d, mode in zip(groups, decisions, modes)
+                            if mode == "opd" and d.teacher == t for s in g.samples]
+                if opd_rows:
+                    adv, sums = distill_advantages(model, opd_rows, name, temperature=args.temperature,
+                                                   topk=args.topk, lam=args.lam, pad_token_id=pad_id,
+                                                   max_tokens_per_micro=args.max_tokens_per_micro)
+                    rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
+                    kl = {k: kl[k] + sums[k] for k in kl}
+            torch.manual_seed(rl.derive_seed(args.seed, "train", step))
+            if rows:   # RL and OPD tokens are token-averaged separately, then summed (norm_groups)
+                stats = rl.train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
+                                          epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
+                                          max_grad_norm=args.max_grad_norm, norm_groups=labels,
+                                          max_tokens_per_micro=args.max_tokens_per_micro, pad_token_id=pad_id)
+            else:      # every group skipped: no gradient and no optimizer step
+                stats = {"grad_norm": 0.0}
+            t2 = time.perf_counter()
+            # ---------------------------------------------------------------- logging
+            row = {"step": step + 1, **rl.rollout_metrics(groups),
+                   **step_metrics(groups, decisions, modes, teacher_rewards, len(names)),
+                   **({f"opd/{k}": kl[k] / kl["tokens"] for k in ("log_ratio", "b", "advantage")} if kl["tokens"] else {}),
+                   **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
+                   "t_gen": timings["t_gen"] + t_timings["t_gen"], "t_sim": timings["t_sim"] + t_timings["t_sim"],
+                   "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
+            log.append(row)
+            rl.append_log(log_path, row)
+            fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
+            chosen = "/".join(str(row[f"teacher_chosen/t{t}"]) for t in range(len(names)))
+            bar.write(f"step {step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
+                      f" vs teachers {fmt('teacher_reward_best', '.2f')}) | gate {fmt('gate_pass_rate', '.2f')} "
+                      f"chosen {chosen} skip {row['skipped_groups']} rl {row['rl_groups']} | log-ratio "
+                      f"{fmt('opd/log_ratio', '.3f')} b {fmt('opd/b', '.3f')} | clip {fmt('clip_ratio/low', '.3f')}/"
+                      f"{fmt('clip_ratio/high', '.3f')} | gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s "
+                      f"sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
+            bar.update(1)
+            step += 1
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+
+    common.save_adapter(model, str(out / "adapter"))
+    steps_with = lambda k: [r[k] for r in log if r.get(k) is not None]
+    mean_over_steps = lambda k: sum(steps_with(k)) / len(steps_with(k)) if steps_with(k) else None
+    outcome = {"reward_last": log[-1].get("reward") if log else None,
+               **{k: mean_over_steps(k) for k in ("reward", "gate_pass_rate", "teacher_reward_best",
+                                                  "opd/log_ratio", "opd/b")},
+               **{k: sum(steps_with(k)) for k in ["opd_groups", "rl_groups", "skipped_groups"]
+                  + [f"teacher_chosen/t{t}" for t in range(len(names))]}}
+    result = {"config": user_config, "outcome": outcome,
+              "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    done = {"step": step, "adapter": "adapter", "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / "done.json").write_text(json.dumps(done, indent=1))   # written last: its presence means complete
+    return done
+
+
+def main(argv=None):
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""Tests for distill.py: gate and routing on hand-made reward tables, the top-K control variate
+against brute force, the advantage sign, and CPU steps with a tiny student and two tiny teachers.
+
+Run: python -m pytest -q tests/test_distill.py
+"""
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import distill
+from distill import gate, group_mode, group_stat, topk_reverse_kl, vopd_advantages
+
+
+# -----------------------------------------------------------------------------
+# gate and routing on hand-made reward tables
+
+def test_gate_routes_to_best_teacher_and_passes_when_it_beats_student():
+    d = gate([1.2, 1.5, 0.0, 1.1], [[1.4], [1.7]])
+    assert d.teacher == 1 and d.passed
+    assert d.student_stat == 1.5 and d.teacher_stats == (1.4, 1.7)
+
+
+def test_gate_fails_when_no_teacher_beats_student_and_is_strict():
+    assert not gate([1.8, 1.0], [[1.5], [1.7]]).passed
+    assert not gate([1.7, 1.0], [[1.5], [1.7]]).passed      # equal is not better
+    assert gate([1.7, 1.0], [[1.5], [1.7000001]]).passed
+
+
+def test_gate_ties_go_to_lowest_teacher_index():
+    assert gate([1.0], [[1.6], [1.6], [1.2]]).teacher == 0
+    assert gate([1.0], [[1.2], [1.6, 0.0], [1.6]]).teacher == 1
+    # all teachers scored zero: routed to teacher 0, gate closed against a zero student
+    d = gate([0.0, 0.0], [[0.0], [0.0]])
+    assert d.teacher == 0 and not d.passed
+
+
+def test_gate_eps_margin():
+    student, teachers = [1.50, 1.2], [[1.55], [1.52]]
+    assert gate(student, teachers, eps=0.0).passed
+    assert gate(student, teachers, eps=0.04).passed
+    assert not gate(student, teachers, eps=0.05).passed     # 1.55 > 1.55 is false
+    assert not gate(student, teachers, eps=0.1).passed
+
+
+def test_gate_median_statistic():
+    # best: student 1.9 beats both teachers' best 1.8 -> skip
+    student, teachers = [1.9, 0.0, 0.0, 1.0], [[1.8, 1.1, 1.2], [1.3, 1.3, 1.3]]
+    assert not gate(student, teachers, stat="best").passed
+    # median: student (0+1)/2 = 0.5; teachers 1.2 and 1.3 -> teacher 1 wins, gate opens
+    d = gate(student, teachers, stat="median")
+    assert d.passed and d.teacher == 1
+    assert d.student_stat == 0.5 and d.teacher_stats == (1.2, 1.3)
+    assert group_stat([3.0, 1.0, 2.0], "median") == 2.0
+    with pytest.raises(ValueError):
+        group_stat([1.0], "mean")
+    with pytest.raises(ValueError):
+        group_stat([], "best")
+
+
+def test_no_gate_always_distills_from_t_star():
+    d = gate([2.0, 2.0], [[0.0], [1.0]], always=True)
+    assert d.passed and d.teacher == 1
+
+
+def test_routing_over_a_table_with_all_skip_and_on_fail_rl():
+    table = [  # (student group rewards, per-teacher rewards) for 4 groups
+        ([1.1, 1.2, 1.0, 0.0], [[1.5], [1.3]]),   # teacher 0 wins
+        ([1.9, 1.2, 1.0, 1.0], [[1.5], [1.8]]),   # student is best -> fail
+        ([0.0, 0.0, 0.0, 0.0], [[0.0], [1.0]]),   # teacher 1 wins
+        ([1.4, 1.4, 1.4, 1.4], [[1.4], [1.4]]),   # tie with student -> fail
+    ]
+    decisions = [gate(s, t) for s, t in table]
+    assert [d.teacher for d in decisions] == [0, 1, 1, 0]
+    assert [group_mode(d, "skip") for d in decisions] == ["opd", "skip", "opd", "skip"]
+    assert [group_mode(d, "rl") for d in decisions] == ["opd", "rl", "opd", "rl"]
+    all_skip = [gate(s, t) for s, t in [([2.0], [[1.9], [1.0]]), ([1.0], [[1.0], [0.0]])]]
+    assert [group_mode(d) for d in all_skip] == ["skip", "skip"]
+    with pytest.raises(ValueError):
+        group_mode(decisions[0], "distill")
+    with pytest.raises(ValueError):
+        gate([1.0], [])
+
+
+# -----------------------------------------------------------------------------
+# the control variate b_t and the advantage
+
+def _brute_force_b(student_logits, teacher_logits, k):
+    """Reverse KL on the student's top-k support, one position at a time, in plain Python."""
+    s = [float(x) for x in student_logits]
+    t = [float(x) for x in teacher_logits]
+    top = sorted(range(len(s)), key=lambda i: -s[i])[:k]
+    zs = sum(math.exp(s[i]) for i in top)
+    zt = sum(math.exp(t[i]) for i in top)
+    return sum(math.exp(s[i]) / zs * ((s[i] - math.log(zs)) - (t[i] - math.log(zt))) for i in top)
+
+
+@pytest.mark.parametrize("k", [1, 3, 16, 40])
+def test_topk_reverse_kl_matches_brute_force(k):
+    g = torch.Generator().manual_seed(k)
+    student = torch.randn(2, 5, 20, generator=g, dtype=torch.float64) * 2
+    teacher = torch.randn(2, 5, 20, generator=g, dtype=torch.float64) * 2
+    b = topk_reverse_kl(student, teacher, k)
+    assert b.shape == (2, 5)
+    for i in range(2):
+        for j in range(5):
+            want = _brute_force_b(student[i, j], teacher[i, j], min(k, 20))
+            assert b[i, j].item() == pytest.approx(want, abs=1e-9)
+    assert (b >= -1e-12).all()                                   # a KL
+    if k == 1:
+        assert torch.allclose(b, torch.zeros_like(b))            # one token: q_s = q_t = 1
+    # logits vs log-probs and a per-position shift of the teacher give the same value
+    shifted = teacher.log_softmax(-1) + torch.randn(2, 5, 1, generator=g, dtype=torch.float64)
+    assert torch.allclose(topk_reverse_kl(student.log_softmax(-1), shifted, k), b)
+
+
+def test_topk_reverse_kl_is_zero_when_teacher_equals_student():
+    x = torch.randn(3, 7, 50)
+    assert topk_reverse_kl(x, x.clone(), 16).abs().max() < 1e-6
+
+
+def test_vopd_advantages_formula_and_detach():
+    s = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    t = torch.tensor([[-0.5, -3.0, -0.5]])
+    b = torch.tensor([[0.1, 0.2, 0.0]], requires_grad=True)
+    a = vopd_advantages(s, t, b, lam=2.0)
+    assert not a.requires_grad
+    assert torch.allclose(a, torch.tensor([[-2.0 * (-0.5 - 0.1), -2.0 * (1.0 - 0.2), 0.0]]))
+
+
+# -----------------------------------------------------------------------------
+# a tiny base model with three adapters on it: the student and two teachers
+
+SEED = 42          # distill.py builds its tiny base with --seed; the adapters are made on the same one
+
+
+@pytest.fixture(scope="module")
+def experts(tmp_path_factory):
+    """Saved adapters student/t0/t1 (random non-zero B, so they differ) and the tiny (model, tok)."""
+    import copy
+    import common
+    import rl
+    root = tmp_path_factory.mktemp("experts")
+    model, tok = common.tiny_model(seed=SEED)
+    paths = {}
+    for i, name in enumerate(["student", "t0", "t1"]):
+        torch.manual_seed(100 + i)
+        m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.3)
+        paths[name] = str(common.save_adapter(m, str(root / name)))
+    return paths, model, tok
+
+
+def _args(paths, out, *extra):
+    return distill.parse_args(["--model", "tiny", "--student", paths["student"], "--teachers", paths["t0"],
+                               paths["t1"], "--tasks", "unused", "--out", str(out), "--seed", str(SEED),
+                               "--lr", "1e-2", "--no-gradient-checkpointing", *extra])
+
+
+def _trainable(path):
+    return torch.load(path / "optimizer.pt", weights_only=False)["trainable"]
+
+
+def test_build_models_one_base_student_trainable_teachers_frozen(experts):
+    import rl
+    paths, _, _ = experts
+    args = _args(paths, "unused")
+    model, tok = distill.build_models(args, paths["student"], [paths["t0"], paths["t1"]])
+    assert set(model.peft_config) == {"default", "teacher0", "teacher1"}
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".default." in n for n in trainable)
+    with rl.use_adapter(model, "teacher1"):
+        assert model.active_adapter == "teacher1"
+    assert model.active_adapter == "default"
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == trainable
+    # the teachers really differ from the student on the same tokens
+    ids = tok("module tb; reg a; initial a = 0; endmodule", add_special_tokens=False)["input_ids"]
+    row = [(ids[:4], ids[4:])]
+    with torch.no_grad():
+        s = rl.per_token_logps(model, row).logps
+        with rl.use_adapter(model, "teacher0"):
+            t = rl.per_token_logps(model, row).logps
+    assert (s - t).abs().max() > 1e-3
+
+
+def test_choose_experts_best_by_validation_and_student_not_its_own_teacher(tmp_path):
+    files = []
+    for i, (p1, c1) in enumerate([(40.0, 70.0), (55.0, 60.0), (55.0, 80.0)]):
+        d = tmp_path / f"eval{i}"
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"direct": {"pass@1": 1.0, "cov@1": 1.0},
+                                                    "agentic": {"pass@1": p1, "cov@1": c1}}))
+        files.append(str(d) if i else str(d / "metrics.json"))      # a folder or the file itself
+    experts_ = [str(tmp_path / f"rl{i}") for i in range(3)]
+    assert distill.choose_experts("best", experts_, files) == (experts_[2], experts_[:2])
+    assert distill.choose_experts(experts_[0], experts_) == (experts_[0], experts_[1:])
+    assert distill.choose_experts("other", experts_) == ("other", experts_)
+    with pytest.raises(SystemExit):
+        distill.choose_experts("best", experts_, files[:2])
+    with pytest.raises(SystemExit):
+        distill.choose_experts(experts_[0], experts_[:1])
+
+
+def test_distill_advantages_match_a_naive_full_softmax(experts):
+    import rl
+    paths, _, tok = experts
+    model, _ = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
+    a = tok("module tb; reg a; initial a = 0; endmodule", add_special_tokens=False)["input_ids"]
+    b = tok("filename: tb.sv", add_special_tokens=False)["input_ids"]
+    rows = [SimpleNamespace(prompt_ids=b[:3], completion_ids=a), SimpleNamespace(prompt_ids=a[:5], completion_ids=b)]
+    temp, k, lam = 0.7, 5, 0.5
+    adv, sums = distill.distill_advantages(model, rows, "teacher1", temperature=temp, topk=k, lam=lam,
+                                           max_tokens_per_micro=1, chunk_tokens=3)
+    for r, got in zip(rows, adv):
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        P, C = len(r.prompt_ids), len(r.completion_ids)
+        with torch.no_grad():
+            s = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
+            with rl.use_adapter(model, "teacher1"):
+                t = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
+        y = torch.tensor(r.completion_ids)[:, None]
+        log_ratio = (s.log_softmax(-1).gather(-1, y) - t.log_softmax(-1).gather(-1, y)).squeeze(-1)
+        want = -lam * (log_ratio - topk_reverse_kl(s, t, k))
+        assert got.shape == (C,) and torch.allclose(got, want, atol=1e-4)
+    assert sums["tokens"] == len(a) + len(b)
+
+
+def test_one_distillation_step_pulls_the_student_toward_the_teacher(experts):
+    """A token where the teacher is more likely than the student gets A > 0 (b_t >= 0 only adds),
+    and after one clipped policy-gradient step (rl.train_on_batch) on that token alone the
+    student's log-prob of it rises."""
+    import rl
+    paths, _, tok = experts
+    model, _ = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
+    ids = tok("module tb; reg a, b; initial begin a = 0; b = 1; end endmodule", add_special_tokens=False)["input_ids"]
+    row = SimpleNamespace(prompt_ids=ids[:4], completion_ids=ids[4:])
+    with torch.no_grad():
+        s = rl.per_token_logps(model, [row]).logps[0]
+        with rl.use_adapter(model, "teacher0"):
+            t = rl.per_token_logps(model, [row]).logps[0]
+    j = int(torch.argmax(t - s))
+    assert t[j] > s[j]
+    adv, _ = distill.distill_advantages(model, [row], "teacher0")
+    assert adv[0][j] > 0
+    only_j = torch.zeros_like(adv[0])
+    only_j[j] = adv[0][j]
+    opt = rl.make_optimizer(model, lr=1e-3)
+    rl.train_on_batch(model, opt, [row], [only_j], norm_groups=["opd"])
+    with torch.no_grad():
+        s_after = rl.per_token_logps(model, [row]).logps[0]
+    assert s_after[j] > s[j]
+
+
+# -----------------------------------------------------------------------------
+# the loop: scripted rollouts with known rewards, one real step, resume
+
+def _scripted_sources(tok, table):
+    """Student and teacher sources that return the rewards of table[(task_id, round)] =
+    (student rewards, per-teacher rewards); the student's tokens are fixed short strings."""
+    import rl
+    from rl import Group, Sample, Score
+    prompt = tok("module dut; endmodule", add_special_tokens=False)["input_ids"]
+    texts = ["initial a = 0;", "initial begin b = 1; end", "reg [3:0] c;", "always @(posedge clk) d <= 1;"]
+
+    def source(model, tok_, tasks, *, step, first_index):
+        groups = []
+        for t, task in enumerate(tasks):
+            for rnd in (1, 2):
+                rewards = table[(task["id"], rnd)][0]
+                samples = [Sample(task["id"], rnd, [], texts[j % 4], prompt,
+                                  tok(texts[j % 4], add_special_tokens=False)["input_ids"], False,
+                                  Score(r, "ok" if r else "compile_error", r - 1 if r else None, r >= 2.0, r > 0, True))
+                           for j, r in enumerate(rewards)]
+                groups.append(Group(first_index + t, task["id"], rnd, samples))
+        return groups, {"t_gen": 0.0, "t_sim": 0.0}
+
+    def teacher_source(model, tok_, groups, group_tasks, teachers, *, step):
+        assert [t["id"] for t in group_tasks] == [g.task_id for g in groups]
+        assert teachers == ["teacher0", "teacher1"]
+        return [table[(g.task_id, g.round)][1] for g in groups], {"t_gen": 0.0, "t_sim": 0.0}
+    return source, teacher_source
+
+
+def _gate_table():
+    """Four tasks; step 0 sees p, q (mixed gates), step 1 sees x, y (every gate closed)."""
+    import rl
+    tasks = [{"id": k} for k in "abcd"]
+    p, q, x, y = [tasks[rl.task_order(i, 4, SEED)]["id"] for i in range(4)]
+    table = {  # (task, round): (student rewards, [teacher 0 rewards, teacher 1 rewards])
+        (p, 1): ([1.2, 1.0], [[1.5], [1.3]]),    # teacher 0 beats the student      -> opd t0
+        (p, 2): ([1.8, 1.0], [[1.5], [1.7]]),    # the student's best is higher     -> closed
+        (q, 1): ([0.0, 0.0], [[0.0], [1.1]]),    # only teacher 1 compiles          -> opd t1
+        (q, 2): ([1.4, 1.2], [[1.4], [1.4]]),    # tie with the student: not better -> closed
+        (x, 1): ([1.9, 1.0], [[1.2], [1.2]]),    # step 1: every gate closed
+        (x, 2): ([1.5, 0.0], [[1.5], [0.0]]),
+        (y, 1): ([2.0, 1.0], [[1.0], [1.9]]),
+        (y, 2): ([1.6, 1.6], [[1.6], [1.0]]),
+    }
+    return tasks, (p, q, x, y), table
+
+
+def _record_training(monkeypatch):
+    """Wrap rl.train_on_batch and record, per call, {(task_id, round): label} of the trained rows."""
+    import rl
+    calls, real = [], rl.train_on_batch
+
+    def spy(model, optimizer, rows, advantages, **kw):
+        calls.append({(r.task_id, r.round): lab for r, lab in zip(rows, kw["norm_groups"])})
+        return real(model, optimizer, rows, advantages, **kw)
+    monkeypatch.setattr(rl, "train_on_batch", spy)
+    return calls
+
+
+def test_scripted_rollouts_gate_opens_and_skips_exactly_where_it_should(experts, tmp_path, monkeypatch):
+    paths, _, tok = experts
+    tasks, (p, q, x, y), table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+
+    # default: gate on best reward, skip on failure
+    calls = _record_training(monkeypatch)
+    out = tmp_path / "skip"
+    distill.run(_args(paths, out, "--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", "1"),
+                source=source, teacher_source=teacher_source, tasks=tasks)
+    assert calls == [{(p, 1): "opd", (q, 1): "opd"}]                   # step 1 trained nothing
+    log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["gate_pass_rate"] for r in log] == [0.5, 0.0]
+    assert [r["skipped_groups"] for r in log] == [2, 4] and [r["opd_groups"] for r in log] == [2, 0]
+    assert [(r["teacher_chosen/t0"], r["teacher_chosen/t1"]) for r in log] == [(1, 1), (0, 0)]
+    assert log[0]["student_reward_best"] == pytest.approx((1.2 + 1.8 + 0.0 + 1.4) / 4)
+    assert log[0]["teacher_reward/t1"] == pytest.approx((1.3 + 1.7 + 1.1 + 1.4) / 4)
+    assert "opd/log_ratio" in log[0] and "opd/b" in log[0] and log[0]["opd/b"] >= 0
+    assert "opd/log_ratio" not in log[1] and log[1]["grad_norm"] == 0.0
+    w1, w2 = _trainable(out / "ckpt" / "step_000001"), _trainable(out / "ckpt" / "step_000002")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)                # the all-skip step changed nothing
+    assert json.loads((out / "result.json").read_text())["outcome"]["skipped_groups"] == 6
+    assert (out / "done.json").exists() and (out / "adapter" / "adapter_config.json").exists()
+    assert (out / "curves.png").exists()
+
+    # --on-fail rl: the closed groups get a GRPO update on the task reward instead
+    calls.clear()
+    distill.run(_args(paths, tmp_path / "rl", "--plot-every", "0",
+                      "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+                      "--on-fail", "rl"), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert calls == [{(p, 1): "opd", (q, 1): "opd", (p, 2): "rl", (q, 2): "rl"},
+                     {(x, 1): "rl", (x, 2): "rl", (y, 1): "rl", (y, 2): "rl"}]
+
+    # --no-gate: always distill from t* (ties -> teacher 0)
+    calls.clear()
+    distill.run(_args(paths, tmp_path / "always", "--plot-every", "0",
+                      "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+                      "--no-gate"), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert [set(c.values()) for c in calls] == [{"opd"}, {"opd"}] and sum(map(len, calls)) == 8
+    log = [json.loads(l) for l in (tmp_path / "always" / "log.jsonl").read_text().splitlines()]
+    assert [(r["teacher_chosen/t0"], r["teacher_chosen/t1"]) for r in log] == [(2, 2), (3, 1)]
+
+    # --gate-stat median, eps 0.25. Medians (student vs best teacher): (p,1) 1.1 vs 1.5 open;
+    # (p,2) 1.4 vs 1.7 open (closed under "best"); (q,1) 0 vs 1.1 open; (q,2) 1.3 vs 1.4 closed by eps
+    calls.clear()
+    distill.run(_args(paths, tmp_path / "median", "--plot-every", "0",
+                      "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                      "--gate-stat", "median", "--eps", "0.25"), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert calls == [{(p, 1): "opd", (p, 2): "opd", (q, 1): "opd"}]
+
+
+def _hash_score(task, c):
+    """A scripted scorer for real generations: the reward depends on the text only."""
+    from rl import Score
+    r = [0.0, 1.0 + (len(c.text) % 7) / 10, 1.2][sum(map(ord, c.text)) % 3]
+    s = Score(r, "ok" if r else "compile_error", r - 1 if r else None, r > 1.5, r > 0, r > 0)
+    return lambda: s
+
+
+def test_one_real_step_tiny_student_two_teachers(experts, tmp_path):
+    """Real generation by the student and both teacher adapters on one tiny base; scripted scores."""
+    paths, _, _ = experts
+    out = tmp_path / "run"
+    tasks = [{"id": "t0", "rtl_files": [{"name": "a.sv", "content": "module a(input x); endmodule"}],
+              "spec_files": [], "dut_module_name": "a", "dut_instance_name": "dut", "instruction": "test a"}]
+    distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
+                      "--max-new-tokens", "8", "--no-gate", "--plot-every", "0"), score_fn=_hash_score, tasks=tasks)
+    log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 1 and log[0]["groups"] == 2 and log[0]["opd_groups"] == 2
+    assert log[0]["num_tokens"] > 0 and log[0]["opd/b"] >= 0
+    assert log[0]["teacher_chosen/t0"] + log[0]["teacher_chosen/t1"] == 2
+    from safetensors.torch import load_file
+    before = load_file(f"{paths['student']}/adapter_model.safetensors")
+    after = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((out / "done.json").read_text())["step"] == 1
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path):
+    """Scripted rollouts (so the test is fast) with OPD and RL-fallback updates in both steps."""
+    import rl
+    paths, _, tok = experts
+    tasks, _, table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    extra = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", "1",
+             "--on-fail", "rl", "--plot-every", "0"]
+    distill.run(_args(paths, tmp_path / "a", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+
+    class Killed(Exception):
+        pass
+
+    def dying_source(model, tok_, tasks_, *, step, first_index):
+        if step == 1:
+            raise Killed
+        return source(model, tok_, tasks_, step=step, first_index=first_index)
+
+    with pytest.raises(Killed):
+        distill.run(_args(paths, tmp_path / "b", *extra), source=dying_source, teacher_source=teacher_source, tasks=tasks)
+    assert rl.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
+    with pytest.raises(SystemExit):             # an existing run needs --resume
+        distill.run(_args(paths, tmp_path / "b", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+    distill.run(_args(paths, tmp_path / "b", *extra, "--resume"), source=source, teacher_source=teacher_source,
+                tasks=tasks)
+    wa, wb = (_trainable(tmp_path / r / "ckpt" / "step_000002") for r in "ab")
+    w1 = _trainable(tmp_path / "a" / "ckpt" / "step_000001")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], w1[k]) for k in wa)          # the second step did move
+    la, lb = ([json.loads(l) for l in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in "ab")
+    keys = ("reward", "gate_pass_rate", "opd/log_ratio", "opd/b", "loss", "grad_norm", "cursor")
+    assert len(lb) == 2 and [[r.get(k) for k in keys] for r in la] == [[r.get(k) for k in keys] for r in lb]

@@ -1,0 +1,469 @@
+"""Tests for rl.py: the loss and advantages against hand-computed numbers, the chunked log-probs
+against a naive full log-softmax, the two-round rollout structure with a scripted policy, a
+scripted step that must move the adapter toward the better testbench, exact resume, and two
+real steps with the tiny model and the Icarus scorer.
+
+Run: python -m pytest -q tests/test_rl.py
+"""
+import copy
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import rl
+from rl import Group, Sample, Score, compute_advantages, dapo_loss, per_token_logps
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model is faster on one thread, and far faster on a shared, busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+AND_RTL = "module and_gate(input a, input b, output y);\n  assign y = a & b;\nendmodule\n"
+AND_TASK = {
+    "id": "test/and_gate", "spec_files": [], "rtl_files": [{"name": "and_gate.sv", "content": AND_RTL}],
+    "dut_module_name": "and_gate", "dut_instance_name": "dut",
+    "instruction": "Write a testbench for and_gate; instance name dut.",
+    "targets": [{"inst_name": "dut", "metric": "overall_average", "target_percentage": 90.0}],
+    "difficulty": "easy", "is_agentic": False,
+}
+GOOD_TB = """filename: tb_and.sv
+```systemverilog
+module tb;
+  reg a, b;
+  wire y;
+  and_gate dut(.a(a), .b(b), .y(y));
+  initial begin
+    a = 0; b = 0; #1 a = 1; #1 b = 1; #1 a = 0; #1 b = 0; #1 $finish;
+  end
+endmodule
+```"""
+BAD_TB = "filename: tb_and.sv\n```systemverilog\nmodule tb; this is not verilog\n```"
+
+
+# -----------------------------------------------------------------------------
+# advantages and the loss, hand-computed
+
+def test_advantages_hand_computed_ties_and_zero_variance():
+    adv = compute_advantages([0.0, 0.0, 2.0, 2.0,     # mean 1, std 1 (unbiased=False)
+                              1.5, 1.5, 1.5, 1.5,     # zero variance -> all 0
+                              0.0, 1.0, 1.0, 2.0],    # mean 1, std sqrt(0.5); ties share a value
+                             num_generations=4)
+    s = math.sqrt(0.5)
+    expected = [-1, -1, 1, 1, 0, 0, 0, 0, -1 / s, 0, 0, 1 / s]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-5)
+    assert adv[4:8].abs().max() == 0                      # zero variance: no signal, no NaN
+    assert float(adv[0]) == pytest.approx(-1 / (1 + 1e-6), abs=1e-7)    # the +1e-6 is in the denominator
+    with pytest.raises(RuntimeError):
+        compute_advantages([1.0, 2.0, 3.0], num_generations=2)
+
+
+def _loss_and_grad(ratio, adv, eps_low=0.2, eps_high=0.28):
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    loss, stats = dapo_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1), eps_low, eps_high)
+    loss.backward()
+    return float(loss.detach()), float(logp.grad), stats
+
+
+def test_dapo_loss_clip_higher_is_asymmetric():
+    # A > 0: the ratio may rise to 1.28 before clipping ...
+    loss, grad, st = _loss_and_grad(1.25, +1.0)
+    assert loss == pytest.approx(-1.25) and grad == pytest.approx(-1.25) and st["clip_ratio/high"] == 0
+    loss, grad, st = _loss_and_grad(1.5, +1.0)
+    assert loss == pytest.approx(-1.28) and grad == 0 and st["clip_ratio/high"] == 1
+    # ... with a symmetric 0.2 the same 1.25 would already be clipped
+    loss, grad, _ = _loss_and_grad(1.25, +1.0, eps_high=0.2)
+    assert loss == pytest.approx(-1.2) and grad == 0
+    # A < 0: the ratio may only fall to 0.8
+    loss, grad, st = _loss_and_grad(0.78, -1.0)
+    assert loss == pytest.approx(0.8) and grad == 0 and st["clip_ratio/low"] == 1
+    loss, grad, st = _loss_and_grad(0.85, -1.0)
+    assert loss == pytest.approx(0.85) and grad == pytest.approx(0.85) and st["clip_ratio/low"] == 0
+    # pessimistic side is never clipped: A > 0 with a small ratio, A < 0 with a large ratio
+    loss, grad, st = _loss_and_grad(0.5, +1.0)
+    assert loss == pytest.approx(-0.5) and grad == pytest.approx(-0.5)
+    loss, grad, st = _loss_and_grad(1.5, -2.0)
+    assert loss == pytest.approx(3.0) and grad == pytest.approx(3.0)
+    assert st["clip_ratio/low"] == 0 and st["clip_ratio/high"] == 0
+
+
+def test_dapo_loss_token_level_aggregation():
+    # two sequences, 1 and 3 tokens, ratio 1, advantages +1 and -1: per-token loss -A
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    loss, stats = dapo_loss(logp, logp, torch.tensor([1.0, -1.0]), mask)
+    token_level = (-1 * 1 + 1 * 3) / 4                  # 0.5: the long answer weighs 3x
+    sequence_level = (-1 + 1) / 2                       # GRPO's per-sequence mean would give 0
+    assert float(loss) == pytest.approx(token_level) and token_level != sequence_level
+    assert stats["num_tokens"] == 4
+    # a global normaliser: the two halves of a batch, each divided by the batch's 4 tokens, sum to it
+    l0, _ = dapo_loss(logp[:1], logp[:1], torch.tensor([1.0]), mask[:1], num_items=4)
+    l1, _ = dapo_loss(logp[1:], logp[1:], torch.tensor([-1.0]), mask[1:], num_items=4)
+    assert float(l0 + l1) == pytest.approx(float(loss))
+    # per-token advantages (distillation) and per-row normalisers
+    adv = torch.tensor([[2.0, 9.0, 9.0], [1.0, 0.0, -1.0]])
+    loss, _ = dapo_loss(logp, logp, adv, mask, num_items=torch.tensor([1.0, 3.0]))
+    assert float(loss) == pytest.approx(-2.0 / 1 + (-1 + 0 + 1) / 3)
+
+
+def test_k3_kl_and_beta():
+    logp, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
+    kl = rl.k3_kl(logp, ref)                             # r = 0.5: r - log r - 1
+    assert float(kl) == pytest.approx(0.5 - math.log(0.5) - 1)
+    loss, st = dapo_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 1), per_token_kl=kl, beta=0.1)
+    assert float(loss) == pytest.approx(0.1 * float(kl)) and st["kl"] == pytest.approx(float(kl))
+
+
+def test_overlong_penalty():
+    assert rl.overlong_penalty(900, 1000, 0) == 0.0
+    assert rl.overlong_penalty(750, 1000, 250) == 0.0
+    assert rl.overlong_penalty(875, 1000, 250) == pytest.approx(-0.5)
+    assert rl.overlong_penalty(1000, 1000, 250) == pytest.approx(-1.0)
+    assert rl.overlong_penalty(1200, 1000, 250) == -1.0
+
+
+def test_worst_sample_ties_broken_by_coverage():
+    def s(reward, cov):
+        return Sample("t", 1, [], f"{reward}/{cov}", [1], [2], False, Score(reward, "x", cov))
+    assert rl.worst_sample([s(1.5, .5), s(0.0, .3), s(0.0, .1), s(1.2, .2)]).text == "0.0/0.1"
+    assert rl.worst_sample([s(0.0, .3), s(0.0, None), s(1.0, 0.0)]).text == "0.0/None"
+    first = s(1.4, .4)
+    assert rl.worst_sample([first, s(1.4, .4)]) is first
+
+
+def test_task_order_is_a_seeded_permutation_per_epoch():
+    order = [rl.task_order(c, 5, seed=3) for c in range(10)]
+    assert sorted(order[:5]) == list(range(5)) and sorted(order[5:]) == list(range(5))
+    assert order == [rl.task_order(c, 5, seed=3) for c in range(10)]
+    assert order != [rl.task_order(c, 5, seed=4) for c in range(10)]
+
+
+# -----------------------------------------------------------------------------
+# rollouts with a scripted policy and scorer (no model)
+
+def _scripted_generate(calls):
+    def generate_fn(messages_list, seed):
+        calls.append((seed, [m[-1]["content"] for m in messages_list]))
+        n = len(calls)
+        return [SimpleNamespace(text=f"c{n}.{i}", prompt_ids=[1, 2], completion_ids=[3] * (i + 1), truncated=False)
+                for i in range(len(messages_list))]
+    return generate_fn
+
+
+def test_two_round_rollouts_structure_and_pipeline_order():
+    calls = []
+    rewards = {}   # text -> reward; round-1 sample i of each call gets reward [1.5, 0, 0, 1.2][i]
+
+    def score_fn(task, c):
+        i = int(c.text.split(".")[1]) % 4
+        r = [1.5, 0.0, 0.0, 1.2][i]
+        cov = [0.5, 0.3, 0.1, 0.2][i]
+        rewards[c.text] = r
+        return lambda: Score(r, "ok" if r else "compile_error", cov)
+
+    tasks = [{"id": f"t{k}"} for k in range(3)]
+    groups, timings = rl.two_round_rollouts(
+        tasks, generate_fn=_scripted_generate(calls), score_fn=score_fn, num_generations=4,
+        seed_fn=lambda rnd, idx: 1000 * rnd + idx, first_index=10, chunk_size=2,
+        build_fn=lambda t: [{"role": "user", "content": "R1 " + t["id"]}],
+        refine_fn=lambda t, text, res: [{"role": "user", "content": f"R2 {t['id']} from {text}"}])
+    # chunks [t0,t1], [t2]: R1(0), R1(1), R2(0), R2(1)
+    assert [c[0] for c in calls] == [1010, 1012, 2010, 2012]
+    assert calls[0][1] == ["R1 t0"] * 4 + ["R1 t1"] * 4
+    # the worst of t0's round 1 (c1.0..c1.3) is c1.2 (reward 0, coverage 0.1); t1's is c1.6
+    assert calls[2][1] == ["R2 t0 from c1.2"] * 4 + ["R2 t1 from c1.6"] * 4
+    assert calls[3][1] == ["R2 t2 from c2.2"] * 4
+    assert [(g.index, g.task_id, g.round) for g in groups] == [
+        (10, "t0", 1), (10, "t0", 2), (11, "t1", 1), (11, "t1", 2), (12, "t2", 1), (12, "t2", 2)]
+    assert all(len(g.samples) == 4 for g in groups)
+    assert groups[0].rewards == [1.5, 0.0, 0.0, 1.2]
+    assert set(timings) == {"t_gen", "t_sim"}
+
+
+def _fixed_source(reward_table):
+    """A scripted source: task id -> list of rewards per round (same for every round)."""
+    def source(model, tok, tasks, *, step, first_index):
+        groups = []
+        for k, t in enumerate(tasks):
+            for rnd in (1, 2):
+                samples = [Sample(t["id"], rnd, [], f"{t['id']}.{i}", [1], [2, 3], False, Score(r, "ok", r - 1))
+                           for i, r in enumerate(reward_table[t["id"]])]
+                groups.append(Group(first_index + k, t["id"], rnd, samples))
+        return groups, {"t_gen": 0.0, "t_sim": 0.0}
+    return source
+
+
+def test_collect_groups_dynamic_sampling_refills_up_to_the_cap():
+    table = {"flat0": [1.0] * 4, "flat1": [0.0] * 4, "var0": [0.0, 1.5, 0.0, 1.5], "var1": [1.2, 1.3, 1.2, 1.3]}
+    tasks = [{"id": k} for k in table]
+    kw = dict(step=0, cursor=0, prompts_per_step=2, rounds=2, seed=0)
+    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks, **kw)
+    assert len(kept) == 4 and cursor == 2 and t["extra_prompts"] == 0      # off: everything is kept
+    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks,
+                                                    dynamic_sampling=True, max_extra_prompts=2, **kw)
+    assert all(len(set(g.rewards)) > 1 for g in kept)
+    assert len(kept) == 4 and cursor == 4 and t["extra_prompts"] == 2      # all 4 tasks seen: 2 informative
+    kept, _, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks,
+                                           dynamic_sampling=True, max_extra_prompts=1, **kw)
+    assert cursor == 3 and t["extra_prompts"] == 1 and len(kept) <= 4
+    m = rl.rollout_metrics(all_groups)
+    assert m["frac_reward_zero_std"] == pytest.approx(0.5)
+
+
+# -----------------------------------------------------------------------------
+# log-probs and the training step on a tiny model
+
+@pytest.fixture(scope="module")
+def tiny():
+    import common
+    return common.tiny_model(seed=0)
+
+
+def _lora(model, seed=0):
+    import common
+    torch.manual_seed(seed)
+    m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
+    rl.disable_dropout(m)
+    with torch.no_grad():       # non-zero B so the adapter matters in these tests
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return m
+
+
+def _rows(tok):
+    a = tok("module tb; reg a; initial a = 0; endmodule", add_special_tokens=False)["input_ids"]
+    b = tok("filename: tb.sv", add_special_tokens=False)["input_ids"]
+    return [SimpleNamespace(prompt_ids=b[:3], completion_ids=a), SimpleNamespace(prompt_ids=a[:5], completion_ids=b)]
+
+
+def test_per_token_logps_match_naive_log_softmax(tiny):
+    model, tok = tiny
+    model = _lora(model)
+    rows = _rows(tok)
+    temp = 0.7
+    out = per_token_logps(model, rows, temperature=temp, chunk_tokens=3, entropy=True, topk=4)
+    for i, r in enumerate(rows):
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        logits = model(input_ids=ids).logits[0].float() / temp
+        lp = logits.log_softmax(-1)
+        P, C = len(r.prompt_ids), len(r.completion_ids)
+        want = lp[P - 1:P + C - 1].gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(out.logps[i, :C], want, atol=1e-5)
+        ent = -(lp.exp() * lp).sum(-1)[P - 1:P + C - 1]
+        assert torch.allclose(out.entropy[i, :C], ent, atol=1e-4)
+        assert torch.allclose(out.topk_logps[i, :C], lp[P - 1:P + C - 1].topk(4).values, atol=1e-5)
+        assert out.mask[i].sum() == C and (out.logps[i, C:] == 0).all()
+    again = per_token_logps(model, rows, temperature=temp, gather_ids=out.topk_ids)
+    assert torch.allclose(again.topk_logps, out.topk_logps, atol=1e-5)
+    # gradients through the chunked + checkpointed path equal the naive ones
+    params = [p for p in model.parameters() if p.requires_grad]
+    g1 = torch.autograd.grad((per_token_logps(model, rows, chunk_tokens=2).logps.sum()), params)
+    naive = 0
+    for r in rows:
+        ids = torch.tensor([r.prompt_ids + r.completion_ids])
+        lp = model(input_ids=ids).logits[0].float().log_softmax(-1)
+        P, C = len(r.prompt_ids), len(r.completion_ids)
+        naive = naive + lp[P - 1:P + C - 1].gather(-1, torch.tensor(r.completion_ids)[:, None]).sum()
+    g2 = torch.autograd.grad(naive, params)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny):
+    model, tok = tiny
+    rows = _rows(tok) * 2
+    adv = [1.0, -0.5, [0.3] * len(rows[2].completion_ids), 0.0]
+    grads = []
+    for max_tokens in (10_000, 1):               # one micro-batch vs one row per micro-batch
+        m = _lora(model)
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.0)
+        stats = rl.train_on_batch(m, opt, rows, adv, max_tokens_per_micro=max_tokens, max_grad_norm=1e9)
+        grads.append([p.grad.clone() for p in m.parameters() if p.requires_grad])
+        assert stats["num_tokens"] == sum(len(r.completion_ids) for r in rows)
+        assert stats["clip_ratio/low"] == 0 and stats["clip_ratio/high"] == 0
+        assert stats["ratio"] == pytest.approx(1.0)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
+def test_norm_groups_average_each_label_separately(tiny):
+    model, tok = tiny
+    rows = _rows(tok)
+    n_a, n_b = (len(r.completion_ids) for r in rows)
+
+    def grads(rows_, adv, groups=None):
+        m = _lora(model)
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.0)
+        rl.train_on_batch(m, opt, rows_, adv, norm_groups=groups, max_grad_norm=1e9)
+        return [p.grad for p in m.parameters() if p.requires_grad]
+    only_a = grads(rows[:1], [1.0])
+    separate = grads(rows, [1.0, 0.0], groups=["rl", "opd"])          # A's mean + B's mean (0)
+    pooled = grads(rows, [1.0, 0.0])                                  # one mean over A and B
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(only_a, separate))
+    assert all(torch.allclose(a * n_a / (n_a + n_b), b, atol=1e-6) for a, b in zip(only_a, pooled))
+
+
+def test_steps_per_generation_uses_old_logps(tiny):
+    model, tok = tiny
+    m = _lora(model)
+    opt = rl.make_optimizer(m, lr=1e-2)
+    stats = rl.train_on_batch(m, opt, _rows(tok) * 2, [1.0, -1.0, 1.0, -1.0], steps_per_generation=2)
+    assert opt.state[opt.param_groups[0]["params"][0]]["step"] == 2
+    assert stats["ratio"] != pytest.approx(1.0, abs=1e-7)      # the second mini-batch moved
+
+
+def test_kl_to_the_initial_adapter_and_adapter_switching(tiny, tmp_path):
+    import common
+    model, tok = tiny
+    common.save_adapter(_lora(model), str(tmp_path / "stage"))
+    args = rl.parse_args(["--model", "tiny", "--tasks", "x", "--out", str(tmp_path / "o"),
+                          "--adapter", str(tmp_path / "stage"), "--kl-beta", "0.1", "--seed", "0",
+                          "--no-gradient-checkpointing"])
+    m, tok, ref = rl.build_policy(args)
+    assert ref == "ref" and set(m.peft_config) == {"default", "ref"} and m.active_adapter == "default"
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all(".default." in n for n in trainable)
+    opt = rl.make_optimizer(m, lr=1e-2)
+    rows = _rows(tok)
+    stats = rl.train_on_batch(m, opt, rows, [1.0, -1.0], beta=0.1, ref_adapter="ref")
+    assert abs(stats["kl"]) < 1e-4                        # step 0: the policy is its initial adapter
+    assert {n for n, p in m.named_parameters() if p.requires_grad} == trainable
+    stats = rl.train_on_batch(m, opt, rows, [1.0, -1.0], beta=0.1, ref_adapter="ref")
+    assert stats["kl"] > 1e-4                             # moved away from it
+    with torch.no_grad(), rl.use_adapter(m, None):        # None: the bare base model
+        base = per_token_logps(m, rows).logps
+    assert torch.allclose(base, per_token_logps(model, rows).logps, atol=1e-5)
+    assert m.active_adapter == "default"
+
+
+def test_scripted_step_moves_toward_the_high_reward_testbench(tiny, tmp_path):
+    """Known testbenches with different rewards: after the update the better one is more likely."""
+    model0, tok = tiny
+    hi, lo = GOOD_TB, BAD_TB
+    import common
+    prompt = common.chat_ids(tok, [{"role": "user", "content": "and_gate"}])
+    seen = {}
+
+    def source(model, tok_, tasks, *, step, first_index):
+        seen["model"] = model
+        mk = lambda text, r, i: Sample("and", 1, [], text, prompt,
+                                       tok(text, add_special_tokens=False)["input_ids"], False,
+                                       Score(r, "ok" if r else "compile_error", r - 1 if r else None, r > 1.9, r > 0, True))
+        samples = [mk(hi, 2.0, 0), mk(lo, 0.0, 1), mk(hi, 2.0, 2), mk(lo, 0.0, 3)]
+        if "before" not in seen:
+            with torch.no_grad():
+                seen["before"] = per_token_logps(model, samples[:2]).logps.sum(-1)
+        return [Group(first_index, "and", 1, samples)], {"t_gen": 0.0, "t_sim": 0.0}
+
+    args = rl.parse_args(["--model", "tiny", "--tasks", "unused", "--out", str(tmp_path / "run"),
+                          "--steps", "2", "--prompts-per-step", "1", "--rounds", "1", "--lr", "3e-3", "--max-new-tokens", "64",
+                          "--profile", "paper", "--no-gradient-checkpointing"])
+    rl.run(args, source=source, tasks=[AND_TASK])
+    with torch.no_grad():
+        after = per_token_logps(seen["model"], [SimpleNamespace(prompt_ids=prompt, completion_ids=tok(t, add_special_tokens=False)["input_ids"]) for t in (hi, lo)]).logps.sum(-1)
+    assert after[0] > seen["before"][0] + 1.0        # the 2.0-reward testbench rose
+    assert after[1] < seen["before"][1] - 1.0        # the 0-reward one fell
+    out = tmp_path / "run"
+    log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and log[0]["reward"] == pytest.approx(1.0)
+    assert log[0]["pass_rate"] == pytest.approx(0.5) and log[0]["frac_reward_zero_std"] == 0
+    assert (out / "adapter" / "adapter_config.json").exists() and (out / "done.json").exists()
+    assert (out / "curves.png").exists() and rl.latest_checkpoint(out / "ckpt").name == "step_000002"
+
+
+def _hash_score(task, c):
+    """A scripted scorer for real generations: reward from the text, so groups have variance."""
+    r = [0.0, 1.0 + (len(c.text) % 7) / 10, 1.2][sum(map(ord, c.text)) % 3]
+    s = Score(r, "ok" if r else "compile_error", r - 1 if r else None, r > 1.5, r > 0, r > 0)
+    return lambda: s
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    base = ["--model", "tiny", "--tasks", "unused", "--steps", "2", "--prompts-per-step", "1",
+            "--group-size", "3", "--max-new-tokens", "8", "--lr", "1e-2", "--save-every", "1",
+            "--profile", "paper", "--seed", "7", "--no-gradient-checkpointing", "--plot-every", "100"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
+
+    class Killed(Exception):
+        pass
+
+    saved = []
+    real_save = rl.save_checkpoint
+
+    def save_then_remember(*a, **k):
+        saved.append(a[1])
+        return real_save(*a, **k)
+
+    def dying_score(task, c):               # "killed" during step 2, after checkpoint 1 was written
+        if saved:
+            raise Killed
+        return _hash_score(task, c)
+
+    monkeypatch.setattr(rl, "save_checkpoint", save_then_remember)
+    with pytest.raises(Killed):
+        rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b")]), score_fn=dying_score, tasks=tasks)
+    monkeypatch.setattr(rl, "save_checkpoint", real_save)
+    assert rl.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
+    with pytest.raises(SystemExit):         # an existing run needs --resume
+        rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b")]), score_fn=_hash_score, tasks=tasks)
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b"), "--resume"]), score_fn=_hash_score, tasks=tasks)
+
+    wa = torch.load(tmp_path / "a/ckpt/step_000002/optimizer.pt", weights_only=False)["trainable"]
+    wb = torch.load(tmp_path / "b/ckpt/step_000002/optimizer.pt", weights_only=False)["trainable"]
+    assert wa.keys() == wb.keys()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    w0 = torch.load(tmp_path / "a/ckpt/step_000001/optimizer.pt", weights_only=False)["trainable"]
+    assert any(not torch.allclose(wa[k], w0[k]) for k in wa)         # the second step did move
+    la = [json.loads(l) for l in (tmp_path / "a/log.jsonl").read_text().splitlines()]
+    lb = [json.loads(l) for l in (tmp_path / "b/log.jsonl").read_text().splitlines()]
+    keys = ("reward", "cursor", "completions/mean_length", "frac_reward_zero_std")
+    assert [[r.get(k) for k in keys] for r in la] == [[r.get(k) for k in keys] for r in lb]
+    assert len(lb) == 2
+
+
+def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
+    (tmp_path / "ckpt" / ".tmp_step_000005").mkdir(parents=True)
+    assert rl.latest_checkpoint(tmp_path / "ckpt") is None
+    state = rl.rng_state()
+    a = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+    rl.set_rng_state(json.loads(json.dumps(state)))
+    b = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
+    assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
+
+
+# -----------------------------------------------------------------------------
+# the real scorer (iverilog)
+
+@pytest.mark.needs_iverilog
+def test_sim_score_fn_rewards_a_real_testbench():
+    import sim
+    with sim.SimPool(2) as pool:
+        score = rl.sim_score_fn(pool)
+        good = score(AND_TASK, SimpleNamespace(text=GOOD_TB))()
+        bad = score(AND_TASK, SimpleNamespace(text=BAD_TB))()
+        unparsed = score(AND_TASK, SimpleNamespace(text="no code here"))()
+    assert good.status == "ok" and 1.0 < good.reward <= 2.0 and good.compile_ok and good.parsed
+    assert good.reward == pytest.approx(1 + good.coverage)
+    assert bad.reward == 0.0 and not bad.compile_ok and bad.parsed
+    assert unparsed.reward == 0.0 and unparsed.status == "parse_error" and unparsed.result is None
+
+
+@pytest.mark.needs_iverilog
+def test_two_real_steps_with_the_tiny_model_and_the_scorer(tmp_path):
+    tasks_path = tmp_path / "tasks.jsonl"
+    tasks_path.write_text(json.dumps(AND_TASK) + "\n")
+    out = tmp_path / "run"
+    rl.main(["--model", "tiny", "--tasks", str(tasks_path), "--out", str(out), "--steps", "2",
+             "--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "16",
+             "--profile", "paper", "--sim-workers", "1"])
+    log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert all(r["reward"] == 0.0 and r["frac_reward_zero_std"] == 1.0 for r in log)   # a random model
+    assert json.loads((out / "done.json").read_text())["step"] == 2
+    assert (out / "adapter" / "adapter_config.json").exists()
