@@ -451,6 +451,32 @@ def _is_4bit(model):
     return bool(getattr(model, "is_loaded_in_4bit", False))
 
 
+def _prepare_kbit(model):
+    """Prepare a 4-bit base for LoRA training once: peft's prepare_model_for_kbit_training (input
+    grads on), then cast the fp32 copies it makes of the embedding, lm_head and norms back to the
+    compute dtype on CUDA. Left in fp32 they make the residual stream, checkpointed activations and
+    KV caches fp32 too (measured as the difference between a 4B model fitting 24 GB or not).
+    On CPU, bitsandbytes' AVX512-BF16 repacking drops input gradients after the first eval forward
+    (bnb 0.50.2), so it is switched off there."""
+    if getattr(model, "_chorus_kbit_ready", False):
+        return model
+    from peft import prepare_model_for_kbit_training
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    qc = getattr(getattr(model, "config", None), "quantization_config", None)
+    dtype = getattr(qc, "bnb_4bit_compute_dtype", None)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    on_cuda = any(p.is_cuda for p in model.parameters())
+    if on_cuda and dtype in (torch.bfloat16, torch.float16):
+        for p in model.parameters():
+            if p.dtype == torch.float32 and type(p).__name__ != "Params4bit":
+                p.data = p.data.to(dtype)
+    for m in model.modules():
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
+    model._chorus_kbit_ready = True
+    return model
+
+
 def add_lora(model, r=16, alpha=32, dropout=0.05, adapter_name="default"):
     """Add a trainable LoRA adapter on every linear layer except the output head (peft 'all-linear')
     and make it the active one. Returns the PeftModel (the input when it already is one).
@@ -462,9 +488,8 @@ def add_lora(model, r=16, alpha=32, dropout=0.05, adapter_name="default"):
         model.add_adapter(adapter_name, cfg)
         model.set_adapter(adapter_name)
         return model
-    if _is_4bit(model) and not getattr(model, "_chorus_kbit_ready", False):
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        model._chorus_kbit_ready = True
+    if _is_4bit(model):
+        model = _prepare_kbit(model)
     return get_peft_model(model, cfg, adapter_name=adapter_name)
 
 
@@ -480,10 +505,8 @@ def load_adapter(model, path, adapter_name="default", trainable=False):
         model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=trainable)
         model.set_adapter(adapter_name, inference_mode=not trainable)
         return model
-    if trainable and _is_4bit(model) and not getattr(model, "_chorus_kbit_ready", False):
-        from peft import prepare_model_for_kbit_training
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        model._chorus_kbit_ready = True
+    if trainable and _is_4bit(model):
+        model = _prepare_kbit(model)
     return PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=trainable)
 
 

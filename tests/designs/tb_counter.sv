@@ -1,0 +1,17 @@
+`timescale 1ns/1ps
+module tb;
+  reg clk = 0, rst_n = 0, load = 0, en = 0, up = 1;
+  reg [3:0] d = 4'd0;
+  wire [3:0] q;
+  wire wrap;
+  counter #(.W(4)) uut (.clk(clk), .rst_n(rst_n), .load(load), .en(en), .up(up), .d(d), .q(q), .wrap(wrap));
+  always #5 clk = ~clk;
+  initial begin
+    #12 rst_n = 1;
+    @(negedge clk) en = 1;          // count up 0 -> 3
+    repeat (3) @(negedge clk);
+    en = 0;
+    @(negedge clk);
+    $finish;
+  end
+endmodule
