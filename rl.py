@@ -227,10 +227,12 @@ def sim_score_fn(pool, target_mode="icarus"):
 
 
 def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
-                      temperature=1.0, gen_batch_size=64):
+                      temperature=1.0, gen_batch_size=64, release_fast=False):
     """The real rollout source: the policy generates (common.generate, fast path on CUDA), the
     scorer rewards. Returns source(model, tok, tasks, *, step, first_index) -> (groups, timings).
-    Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them."""
+    Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them.
+    release_fast drops the fast decoder's packed weights and KV cache after each step's rollouts, so
+    the training phase gets that memory back (needed on 24 GB cards; costs a re-pack per step)."""
     import common
 
     def source(model, tok, tasks, *, step, first_index):
@@ -239,11 +241,22 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
             return common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
                                    temperature=temperature, top_p=1.0, seed=call_seed,
                                    batch_size=gen_batch_size)
-        return two_round_rollouts(
+        out = two_round_rollouts(
             tasks, generate_fn=generate_fn, score_fn=score_fn, num_generations=num_generations,
             seed_fn=lambda rnd, idx: derive_seed(seed, "gen", step, rnd, idx),
             first_index=first_index, rounds=rounds, chunk_size=chunk_size)
+        if release_fast:
+            common.free_fast_cache(model)
+        return out
     return source
+
+
+def release_fast_default(flag):
+    """--release-fast default: on when the GPU has under 40 GiB (a 24 GB card cannot hold the fast
+    decoder's packed weights + KV cache and the training activations at once), off elsewhere."""
+    if flag is not None:
+        return flag
+    return torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40 * 2**30
 
 
 def overlong_penalty(length, max_len, buffer):
@@ -818,6 +831,8 @@ def parse_args(argv=None):
                    help="skip tasks with longer round-1 prompts; 0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
     p.add_argument("--gen-chunk", type=int, default=1, help="prompts per generate call; simulation of one chunk overlaps the next")
     p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
+    p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
+                   help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
     # Objective
     p.add_argument("--lr", type=float, default=2e-5, help="constant LR; LoRA needs more than the paper's 1e-6 full FT: pick by experiment (1e-5..5e-5)")
@@ -889,7 +904,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             score_fn = sim_score_fn(pool, args.target_mode)
         source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
                                    seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
-                                   temperature=args.temperature, gen_batch_size=args.gen_batch_size)
+                                   temperature=args.temperature, gen_batch_size=args.gen_batch_size,
+                                   release_fast=release_fast_default(args.release_fast))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True)
     try:

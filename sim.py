@@ -1190,15 +1190,19 @@ _BWRAP_STATE = {}     # "ok": bool, "why": str (checked once per process)
 
 
 def bwrap_usable():
-    """Check once whether bubblewrap can start here (user namespaces etc.); log once when it cannot."""
+    """Check once whether bubblewrap can start here (user namespaces etc.) and run iverilog inside;
+    log once when it cannot."""
     if "ok" not in _BWRAP_STATE:
         why = ""
+        tool = os.path.realpath(shutil.which("iverilog") or "iverilog")
         if shutil.which("bwrap") is None:
             why = "bwrap not found (apt-get install bubblewrap)"
+        elif not tool.startswith(("/usr/", "/bin/")):
+            why = f"iverilog at {tool} is outside /usr, which is all the sandbox shows"
         else:
             d = tempfile.mkdtemp(prefix="chorus_sim_chk_")
             try:
-                p = subprocess.run(bwrap_argv(d) + ["true"], capture_output=True, timeout=20)
+                p = subprocess.run(bwrap_argv(d) + ["iverilog", "-V"], capture_output=True, timeout=20)
                 if p.returncode != 0:
                     why = "bwrap cannot start: " + _short(p.stderr.decode("utf-8", "replace"), 120)
             except (OSError, subprocess.TimeoutExpired) as e:

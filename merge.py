@@ -1,0 +1,526 @@
+"""Merge LoRA experts that share one base model, without training; the result is again a peft LoRA adapter.
+
+    python merge.py --method soup --adapters runs/rl0 runs/rl1 runs/rl2 --out runs/merge_soup
+    python merge.py --method ties --adapters A B C --out DIR --density 0.5
+    python merge.py --method della --space delta --rank 256 --adapters A B C --out DIR
+    python merge.py --method dare_ties --space delta --full --base MODEL_DIR --adapters A B C --out DIR
+
+Methods (CHORUS method.md §5; each is defined on task vectors delta_i and is one plain function below,
+applied per module to a list of tensors; METHODS maps the name to it):
+  soup       weighted average: sum_i w_i delta_i (weights are relative: normalised to sum 1), times lam.
+  ties       trim each delta to its top `density` fraction by magnitude (whole tensor), elect the sign of
+             every entry by the weighted sum of the trimmed deltas, average the entries that agree with it
+             (weighted disjoint mean), times lam.
+  dare_ties  drop each entry with probability p = 1 - density, rescale the kept ones by 1/(1-p), then the
+             TIES sign election and disjoint mean, times lam.
+  della      MagPrune: within each row, keep probabilities rise linearly with the magnitude rank from
+             density - epsilon (smallest) to density + epsilon (largest), i.e. drop probabilities fall
+             inside a window of +-epsilon around 1 - density; kept entries are rescaled by 1/keep_prob;
+             then the TIES sign election and disjoint mean, times lam.
+
+Two spaces (docs: stack.md §3):
+  --space adapter (default)  apply the method to the factors: all A_i together, all B_i together, per
+      module, each adapter's scaling s_i folded in as sqrt(s_i) on both factors; lam goes on B only.
+      Output: same rank r, scaling 1. Cheap, needs equal ranks. The product of averaged factors is NOT the
+      average of the products: (sum_i w_i B_i)(sum_j w_j A_j) = sum_i w_i^2 B_i A_i + cross terms
+      w_i w_j B_i A_j. The cross terms vanish only when the adapters are identical (a soup of identical
+      adapters returns that adapter) and are small when they share a start and drift little; for
+      independently trained adapters the adapter-space merge is not an average of the deltas at all.
+      TIES/DARE/DELLA trim, drop and elect signs on A and B entries separately, so their product is not
+      the method's delta-space result either (`--compare-delta` reports the distance per module).
+  --space delta  merge the real task vectors delta_i = s_i B_i A_i (out x in, per module) exactly as the
+      methods are defined. Output: a LoRA from the truncated SVD of the merged delta at `--rank` (default
+      sum_i r_i), with the relative Frobenius error per module in the report; a sparsified delta is full
+      rank, so a low rank loses most of a TIES/DARE/DELLA merge. The soup has an exact form without SVD:
+      concatenate the scaled factors (rank sum_i r_i), used when --rank is not given. `--full --base DIR`
+      also writes the merged full weights W0 + delta (exact, no SVD) as an HF model folder in OUT/full.
+
+Relation to peft's `add_weighted_adapter` (checked in tests/test_merge.py):
+  - adapter-space soup == peft "linear" with weights w_i^2 (peft folds sqrt(w_i s_i) into both factors, so
+    its "linear" with weights 1/n returns n x an adapter that is averaged with itself); we average instead.
+  - delta-space exact soup == peft "cat" with weights w_i; delta soup with --rank == peft "svd".
+  - ties (both spaces) == peft "ties" / "ties_svd" with weights 1 when the weights are uniform and the
+    scalings equal. They differ otherwise: peft elects signs on the unweighted tensors and divides the
+    weighted sum by the COUNT of agreeing entries (so weights 1/n give 1/n of the mean); we elect by the
+    weighted sum and divide by the sum of the agreeing weights (a weighted mean, invariant to the weights'
+    scale, as in TIES with non-uniform weights and mergekit's normalised form).
+  - we trim to round(density * numel) entries; peft's magnitude_based_pruning truncates with int(), which
+    turns 0.29 * 100 into 28. peft's sign-mask helper is used as is.
+  - dare_ties/della draw their masks from a seeded generator per (seed, module, factor, adapter) on the
+    CPU, so a merge is deterministic and the same on CPU and GPU; peft's random pruning uses the global RNG.
+  - della is not in peft; we rescale kept entries by 1/keep_prob per entry (the DELLA paper), not by the
+    tensor's L1 norm (mergekit).
+
+Output folder: adapter_config.json + adapter_model.safetensors (a standard peft folder, loadable with
+PeftModel.from_pretrained on the base), merge_report.json (method, space, params, per-module SVD error,
+timings) and, with --full, full/ (an HF model folder). Inputs are validated before anything is written;
+the output folder may not be one of the inputs. The work goes module by module (memory: one module's
+tensors, plus the base model with --full).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from peft.utils.merge_utils import calculate_majority_sign_mask
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+ADAPTER_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+REPORT_FILE = "merge_report.json"
+DEFAULT_DENSITY = 0.5      # fraction of each delta kept by ties/dare_ties/della (the paper gives none)
+DEFAULT_EPSILON = 0.15     # DELLA window half-width (mergekit's default; the paper gives none)
+# files copied from the base folder into OUT/full so that it loads as a complete model with its tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+
+
+class MergeError(ValueError):
+    """Bad input: one clear line, raised before anything is written."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building blocks on task tensors
+
+def _weights(weights, n, device):
+    """Relative weights -> a float tensor summing to 1 (all methods are weighted averages)."""
+    w = torch.ones(n) if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+    return (w / w.sum()).to(device)
+
+
+def _view(w, like):
+    """Weights of shape (n,) broadcast against stacked tensors of shape (n, ...)."""
+    return w.view((-1,) + (1,) * (like.dim() - 1))
+
+
+def trim_magnitude(x, density):
+    """Keep the round(density * numel) entries of x with the largest magnitude (whole tensor), zero the rest.
+
+    The threshold is the k-th largest |x| (kthvalue: linear time, unlike topk); entries tied with it are all
+    kept, which only matters for exactly repeated magnitudes."""
+    if density >= 1:
+        return x
+    k = int(round(density * x.numel()))
+    if k == 0:
+        return torch.zeros_like(x)
+    threshold = torch.kthvalue(x.abs().reshape(-1).float(), x.numel() - k + 1).values
+    return torch.where(x.abs() >= threshold, x, torch.zeros_like(x))
+
+
+def draw_seed(seed, tag, i):
+    """The generator seed for adapter i's random draws on tensor `tag`: stable across runs, devices and module order."""
+    return zlib.crc32(f"{seed}/{tag}/{i}".encode())
+
+
+def random_keep(x, keep_prob, seed):
+    """Keep each entry with probability keep_prob (scalar or per entry) and rescale it by 1/keep_prob (unbiased).
+
+    The uniform draws u come from a CPU generator seeded with `seed` (one u per entry, row-major), so the
+    same seed gives the same mask on any device; entry kept iff u < keep_prob."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(x.shape, generator=gen, dtype=torch.float32).to(x.device)
+    keep_prob = torch.as_tensor(keep_prob, dtype=x.dtype, device=x.device)
+    return torch.where(u < keep_prob, x / keep_prob, torch.zeros_like(x))
+
+
+def della_keep_prob(x, density, epsilon):
+    """DELLA's MagPrune keep probabilities, per row (last dim): rank entries by |x|, smallest rank 0, largest
+    n-1; keep_prob = density - epsilon + 2 epsilon * rank / (n - 1) (a lone entry gets density)."""
+    n = x.shape[-1]
+    order = torch.argsort(x.abs(), dim=-1, stable=True)
+    positions = torch.arange(n, dtype=x.dtype, device=x.device).expand_as(x)
+    rank = torch.empty_like(x).scatter_(-1, order, positions)        # rank[j] = position of entry j in order
+    rank_norm = rank / (n - 1) if n > 1 else torch.full_like(x, 0.5)
+    return density - epsilon + 2 * epsilon * rank_norm
+
+
+def elect_sign_mean(stacked, w):
+    """TIES sign election + disjoint mean over stacked (n, ...) task tensors with weights w (n,).
+
+    The elected sign of each entry is the sign of the weighted sum (ties go to +, peft's convention); the
+    result is sum_i w_i m_i x_i / sum_i w_i m_i over the entries that agree with it (m_i; zeros never agree),
+    0 where none agrees."""
+    weighted = stacked * _view(w, stacked)
+    agree = calculate_majority_sign_mask(weighted, method="total")
+    num = (weighted * agree).sum(0)
+    den = (_view(w, stacked) * agree).sum(0)
+    return torch.where(den > 0, num / den, torch.zeros_like(num))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The methods: one function each, same signature, over the list of one module's tensors (task vectors in
+# delta space, or stacked A's / B's in adapter space). `tag` names the tensor for the random draws.
+
+def soup(tensors, weights=None, *, density=1.0, epsilon=0.0, lam=1.0, seed=0, tag=""):
+    """Model soup: lam * sum_i w_i x_i with w normalised to sum 1 (uniform by default)."""
+    stacked = torch.stack(tensors)
+    w = _weights(weights, len(tensors), stacked.device)
+    return lam * (stacked * _view(w, stacked)).sum(0)
+
+
+def ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag=""):
+    """TIES: magnitude trim to `density`, sign election by weighted mass, weighted disjoint mean, times lam."""
+    stacked = torch.stack([trim_magnitude(x, density) for x in tensors])
+    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+
+
+def dare_ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag=""):
+    """DARE-TIES: random drop with rate 1 - density, rescale by 1/density, then TIES election and mean, times lam."""
+    stacked = torch.stack([random_keep(x, density, draw_seed(seed, tag, i)) for i, x in enumerate(tensors)])
+    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+
+
+def della(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=DEFAULT_EPSILON, lam=1.0, seed=0, tag=""):
+    """DELLA: per-row magnitude-ranked drop (MagPrune, rescale 1/keep_prob), TIES election and mean, times lam.
+
+    With epsilon 0 every keep probability is `density` and the draws are DARE's, so della == dare_ties."""
+    stacked = torch.stack([random_keep(x, della_keep_prob(x, density, epsilon), draw_seed(seed, tag, i))
+                           for i, x in enumerate(tensors)])
+    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+
+
+METHODS = {"soup": soup, "ties": ties, "dare_ties": dare_ties, "della": della}
+SPACES = ("adapter", "delta")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Low-rank output
+
+def truncate(U, S, Vh, rank):
+    """Balanced rank-`rank` factors (B = U sqrt(S), A = sqrt(S) Vh), zero-padded up to `rank` when the
+    module has fewer singular values, and the relative Frobenius error sqrt(sum dropped S^2 / sum S^2)."""
+    k = min(rank, S.numel())
+    root = S[:k].sqrt()
+    B = torch.zeros(U.shape[0], rank, dtype=U.dtype, device=U.device)
+    A = torch.zeros(rank, Vh.shape[1], dtype=Vh.dtype, device=Vh.device)
+    B[:, :k] = U[:, :k] * root
+    A[:k] = root[:, None] * Vh[:k]
+    total = S.square().sum()
+    err = (S[k:].square().sum() / total).sqrt().item() if total > 0 else 0.0
+    return B, A, err
+
+
+def svd_lowrank_product(B, A, rank):
+    """Truncated SVD of B @ A without forming it (QR of both factors, SVD of the small core): exact for a product."""
+    Qb, Rb = torch.linalg.qr(B)
+    Qa, Ra = torch.linalg.qr(A.T)
+    Uc, S, Vhc = torch.linalg.svd(Rb @ Ra.T, full_matrices=False)
+    return truncate(Qb @ Uc, S, Vhc @ Qa.T, rank)
+
+
+def svd_dense(delta, rank):
+    """Truncated SVD of a dense merged delta."""
+    U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
+    return truncate(U, S, Vh, rank)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Adapter folders
+
+def read_adapter(path):
+    """Read an adapter folder's config and tensor index (not the tensors): modules, ranks, scaling, dtype.
+
+    Only plain LoRA on linear layers is supported; anything else is refused with one line."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file() or not (path / ADAPTER_FILE).is_file():
+        raise MergeError(f"{path}: not a peft adapter folder (needs {CONFIG_FILE} and {ADAPTER_FILE})")
+    cfg = json.loads((path / CONFIG_FILE).read_text())
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise MergeError(f"{path}: peft_type {cfg.get('peft_type')!r}, only LORA adapters can be merged")
+    for key, ok in (("use_dora", False), ("lora_bias", False), ("fan_in_fan_out", False), ("bias", "none")):
+        if cfg.get(key, ok) not in (ok, None):
+            raise MergeError(f"{path}: {key}={cfg[key]!r} is not supported (plain LoRA only)")
+    for key in ("modules_to_save", "rank_pattern", "alpha_pattern", "trainable_token_indices"):
+        if cfg.get(key):
+            raise MergeError(f"{path}: {key} is set ({cfg[key]!r}); only uniform plain LoRA adapters are supported")
+    with safe_open(str(path / ADAPTER_FILE), framework="pt") as f:
+        keys = list(f.keys())
+        stems = sorted(k[: -len(".lora_A.weight")] for k in keys if k.endswith(".lora_A.weight"))
+        other = [k for k in keys if not k.endswith((".lora_A.weight", ".lora_B.weight"))]
+        if other:
+            raise MergeError(f"{path}: unsupported tensor {other[0]!r} (plain LoRA A/B on linear layers only)")
+        shapes, ranks, dtype = {}, set(), None
+        for s in stems:
+            if s + ".lora_B.weight" not in keys:
+                raise MergeError(f"{path}: {s}.lora_A.weight has no lora_B")
+            a, b = f.get_slice(s + ".lora_A.weight"), f.get_slice(s + ".lora_B.weight")
+            (r, n_in), (n_out, r_b) = a.get_shape(), b.get_shape()
+            if r != r_b:
+                raise MergeError(f"{path}: {s} has lora_A rank {r} but lora_B rank {r_b}")
+            shapes[s] = (n_out, n_in)
+            ranks.add(r)
+            dtype = dtype or a.get_dtype()
+    if not stems:
+        raise MergeError(f"{path}: no LoRA tensors in {ADAPTER_FILE}")
+    if ranks != {cfg["r"]}:
+        raise MergeError(f"{path}: tensor ranks {sorted(ranks)} differ from config r={cfg['r']}")
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+    return {"path": path, "config": cfg, "shapes": shapes, "r": r, "scaling": scaling,
+            "dtype": dtypes.get(dtype, torch.float32)}
+
+
+def check_compatible(adapters):
+    """All adapters must share the base model, the set of adapted modules and their shapes."""
+    first = adapters[0]
+    for ad in adapters[1:]:
+        if ad["config"].get("base_model_name_or_path") != first["config"].get("base_model_name_or_path"):
+            raise MergeError(f"different base models: {first['path']} has "
+                             f"{first['config'].get('base_model_name_or_path')!r}, {ad['path']} has "
+                             f"{ad['config'].get('base_model_name_or_path')!r}")
+        if set(ad["shapes"]) != set(first["shapes"]):
+            extra = sorted(set(ad["shapes"]) ^ set(first["shapes"]))
+            raise MergeError(f"different target modules: {first['path']} vs {ad['path']} "
+                             f"({len(extra)} differ, e.g. {extra[0]})")
+        for s, shape in first["shapes"].items():
+            if ad["shapes"][s] != shape:
+                raise MergeError(f"{s}: shape {shape} in {first['path']} but {ad['shapes'][s]} in {ad['path']}")
+
+
+def module_name(stem):
+    """peft's saved key stem 'base_model.model.<name>' -> the module name in the base model."""
+    return stem[len("base_model.model."):] if stem.startswith("base_model.model.") else stem
+
+
+def load_factors(ad, stem, device):
+    """One module's (A, B) in fp32 on `device`, each times sqrt(scaling), so that B @ A is the task vector."""
+    root = math.sqrt(ad["scaling"])
+    with safe_open(str(ad["path"] / ADAPTER_FILE), framework="pt") as f:
+        A = f.get_tensor(stem + ".lora_A.weight").to(device=device, dtype=torch.float32)
+        B = f.get_tensor(stem + ".lora_B.weight").to(device=device, dtype=torch.float32)
+    return A * root, B * root
+
+
+# ----------------------------------------------------------------------------------------------------
+# One module
+
+def merge_module(method, space, factors, weights, params, lam, rank, stem, want_delta=False, compare_delta=False):
+    """Merge one module's factors [(A_i, B_i)] (scaling folded in) -> dict(A, B, svd_rel_error[, delta, ...]).
+
+    params: density, epsilon, seed. lam is applied once per product: on B in adapter space, on the delta in
+    delta space. `delta` (the merged task vector of this output before any --rank truncation) is returned
+    when want_delta; `rel_error_vs_delta` (adapter space) is ||B A - method(deltas)|| / ||method(deltas)||."""
+    fn = METHODS[method]
+    out = {}
+    if space == "adapter":
+        A = fn([a for a, _ in factors], weights, **params, lam=1.0, tag=stem + "/A")
+        B = fn([b for _, b in factors], weights, **params, lam=lam, tag=stem + "/B")
+        if rank is not None:
+            B_out, A_out, err = svd_lowrank_product(B, A, rank)
+        else:
+            B_out, A_out, err = B, A, 0.0
+        delta = B @ A if (want_delta or compare_delta) else None
+        if compare_delta:
+            ref = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+            norm = ref.norm()
+            out["rel_error_vs_delta"] = ((delta - ref).norm() / norm).item() if norm > 0 else 0.0
+    elif method == "soup":
+        # the exact soup as a LoRA: concatenate the sqrt(w_i)-scaled factors (rank sum r_i); lam on B;
+        # with --rank, the truncated SVD of that product (computed from the factors, never dense)
+        w = _weights(weights, len(factors), factors[0][0].device)
+        A_cat = torch.cat([w[i].sqrt() * a for i, (a, _) in enumerate(factors)], dim=0)
+        B_cat = lam * torch.cat([w[i].sqrt() * b for i, (_, b) in enumerate(factors)], dim=1)
+        if rank is None:
+            B_out, A_out, err = B_cat, A_cat, 0.0
+        else:
+            B_out, A_out, err = svd_lowrank_product(B_cat, A_cat, rank)
+        delta = B_cat @ A_cat if want_delta else None
+    else:
+        delta = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+        r_out = rank if rank is not None else sum(a.shape[0] for a, _ in factors)
+        B_out, A_out, err = svd_dense(delta, r_out)
+    out.update(A=A_out, B=B_out, svd_rel_error=err)
+    if want_delta:
+        out["delta"] = delta
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# The whole merge
+
+def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None, density=DEFAULT_DENSITY,
+                   epsilon=DEFAULT_EPSILON, lam=1.0, rank=None, full=False, base=None, seed=0, device="cpu",
+                   compare_delta=False):
+    """Merge the LoRA adapters in `adapter_dirs` (same base, same modules) into one peft adapter in `out_dir`.
+
+    method: soup | ties | dare_ties | della; space: adapter | delta (see the module docstring).
+    weights: relative per-adapter weights (default uniform). density: kept fraction (ties/dare_ties/della;
+    soup ignores it). epsilon: DELLA window. lam: final scale. rank: output rank by truncated SVD of the
+    merged delta (default: r in adapter space, the exact concatenation for a delta soup, sum r_i otherwise).
+    full: also write W0 + delta as an HF model folder out_dir/full (needs base, an HF model folder).
+    seed: random draws of dare_ties/della. device: where the arithmetic runs. compare_delta: in adapter
+    space, also report each module's distance to the delta-space result of the same method.
+    Returns the report dict (also written to out_dir/merge_report.json)."""
+    t_start = time.time()
+    # ---- validate everything before writing anything
+    if method not in METHODS:
+        raise MergeError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if space not in SPACES:
+        raise MergeError(f"unknown space {space!r}; choose from {', '.join(SPACES)}")
+    adapter_dirs = [Path(p) for p in adapter_dirs]
+    if not adapter_dirs:
+        raise MergeError("no adapters given")
+    for p in adapter_dirs:
+        if not p.is_dir():
+            raise MergeError(f"adapter folder not found: {p}")
+    out_dir = Path(out_dir)
+    if any(out_dir.resolve() == p.resolve() for p in adapter_dirs):
+        raise MergeError(f"output folder {out_dir} is one of the input adapters; choose another --out")
+    if weights is not None:
+        weights = [float(x) for x in weights]
+        if len(weights) != len(adapter_dirs):
+            raise MergeError(f"{len(weights)} weights for {len(adapter_dirs)} adapters")
+        if not all(x > 0 and math.isfinite(x) for x in weights):
+            raise MergeError(f"weights must be positive and finite, got {weights}")
+    if not (0 < density <= 1):
+        raise MergeError(f"density must be in (0, 1], got {density}")
+    if method == "della" and not (0 <= epsilon and density - epsilon > 0 and density + epsilon <= 1):
+        raise MergeError(f"della needs 0 <= epsilon and density +- epsilon inside (0, 1], got density {density}, "
+                         f"epsilon {epsilon}")
+    if rank is not None and (int(rank) != rank or rank < 1):
+        raise MergeError(f"rank must be a positive integer, got {rank}")
+    if full and (base is None or not (Path(base) / "config.json").is_file()):
+        raise MergeError(f"--full needs --base MODEL_DIR, an HF model folder with config.json (got {base})")
+    adapters = [read_adapter(p) for p in adapter_dirs]
+    check_compatible(adapters)
+    if space == "adapter" and len({ad["r"] for ad in adapters}) > 1:
+        raise MergeError(f"adapter space needs equal ranks, got {[ad['r'] for ad in adapters]}; use --space delta")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise MergeError(f"device {device!r} is not usable: {e}") from None
+
+    params = {"density": density, "epsilon": epsilon, "seed": seed}
+    w = weights
+    model = None
+    t_load = 0.0
+    if full:
+        t0 = time.time()
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto")
+        t_load = time.time() - t0
+    print(f"merge: {method} in {space} space, {len(adapters)} adapters (r={[ad['r'] for ad in adapters]}, "
+          f"scaling={[round(ad['scaling'], 4) for ad in adapters]}), weights={w or 'uniform'}, density={density}, "
+          f"epsilon={epsilon}, lam={lam}, rank={rank}, seed={seed}, device={device}")
+
+    # ---- module by module
+    tensors, modules = {}, {}
+    t_merge = 0.0
+    stems = sorted(adapters[0]["shapes"])
+    for stem in stems:
+        t0 = time.time()
+        factors = [load_factors(ad, stem, device) for ad in adapters]
+        res = merge_module(method, space, factors, w, params, lam, rank, stem,
+                           want_delta=full, compare_delta=compare_delta and space == "adapter")
+        t_merge += time.time() - t0
+        tensors[stem + ".lora_A.weight"] = res["A"].to("cpu", adapters[0]["dtype"]).contiguous()
+        tensors[stem + ".lora_B.weight"] = res["B"].to("cpu", adapters[0]["dtype"]).contiguous()
+        name = module_name(stem)
+        entry = {"shape": list(adapters[0]["shapes"][stem]), "rank": res["A"].shape[0],
+                 "svd_rel_error": round(res["svd_rel_error"], 6)}
+        if "rel_error_vs_delta" in res:
+            entry["rel_error_vs_delta"] = round(res["rel_error_vs_delta"], 6)
+        modules[name] = entry
+        if model is not None:
+            try:
+                weight = model.get_submodule(name).weight
+            except AttributeError:
+                raise MergeError(f"--base {base} has no module {name}; is it the adapters' base model?") from None
+            if tuple(weight.shape) != tuple(res["delta"].shape):
+                raise MergeError(f"--base {base}: {name} has shape {tuple(weight.shape)}, the adapters expect "
+                                 f"{tuple(res['delta'].shape)}")
+            with torch.no_grad():
+                weight.copy_((weight.float() + res["delta"].to(weight.device)).to(weight.dtype))
+
+    # ---- write
+    t0 = time.time()
+    out_rank = tensors[stems[0] + ".lora_A.weight"].shape[0]
+    config = dict(adapters[0]["config"])
+    config.update(r=out_rank, lora_alpha=out_rank, use_rslora=False, rank_pattern={}, alpha_pattern={},
+                  inference_mode=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / (ADAPTER_FILE + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out_dir / ADAPTER_FILE)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    full_dir = None
+    if model is not None:
+        full_dir = out_dir / "full"
+        model.save_pretrained(str(full_dir))
+        for name in TOKENIZER_FILES:
+            if (Path(base) / name).is_file():
+                shutil.copy2(Path(base) / name, full_dir / name)
+    t_save = time.time() - t0
+
+    errs = [m["svd_rel_error"] for m in modules.values()]
+    summary = {"svd_rel_error_mean": round(sum(errs) / len(errs), 6), "svd_rel_error_max": max(errs)}
+    vs = [m["rel_error_vs_delta"] for m in modules.values() if "rel_error_vs_delta" in m]
+    if vs:
+        summary.update(rel_error_vs_delta_mean=round(sum(vs) / len(vs), 6), rel_error_vs_delta_max=max(vs))
+    import peft
+    import transformers
+    report = {
+        "method": method, "space": space,
+        "adapters": [str(p) for p in adapter_dirs],
+        "params": {"weights": _weights(w, len(adapters), "cpu").tolist(), "density": density,
+                   "drop_rate": round(1 - density, 6) if method in ("dare_ties", "della") else None,
+                   "epsilon": epsilon if method == "della" else None, "lam": lam, "rank": rank, "seed": seed,
+                   "full": full, "base": str(base) if base is not None else None, "device": str(device)},
+        "input": {"ranks": [ad["r"] for ad in adapters], "scalings": [ad["scaling"] for ad in adapters],
+                  "base_model_name_or_path": adapters[0]["config"].get("base_model_name_or_path"),
+                  "n_modules": len(stems), "dtype": str(adapters[0]["dtype"]).replace("torch.", "")},
+        "output": {"dir": str(out_dir), "r": out_rank, "lora_alpha": out_rank,
+                   "full_dir": str(full_dir) if full_dir else None},
+        "summary": summary,
+        "modules": modules,
+        "timings_s": {"load_base": round(t_load, 3), "merge": round(t_merge, 3), "save": round(t_save, 3),
+                      "total": round(time.time() - t_start, 3)},
+        "versions": {"torch": torch.__version__, "peft": peft.__version__, "transformers": transformers.__version__},
+    }
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"merge: wrote {out_dir} (r={out_rank}{', full/' if full_dir else ''}); svd rel error mean "
+          f"{summary['svd_rel_error_mean']:.4f} max {summary['svd_rel_error_max']:.4f}; "
+          f"{report['timings_s']['total']:.1f} s")
+    return report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Merge LoRA experts of one base into one peft LoRA adapter "
+                                             "(soup, ties, dare_ties, della; adapter or delta space).")
+    ap.add_argument("--method", required=True, choices=list(METHODS))
+    ap.add_argument("--adapters", required=True, nargs="+", help="peft adapter folders (same base, same modules)")
+    ap.add_argument("--out", required=True, help="output folder (adapter + merge_report.json [+ full/])")
+    ap.add_argument("--space", default="adapter", choices=SPACES,
+                    help="adapter: merge the A's and B's (cheap, cross terms); delta: merge B_i A_i exactly, then SVD")
+    ap.add_argument("--weights", type=float, nargs="+", help="relative weight per adapter (default uniform)")
+    ap.add_argument("--density", type=float, default=DEFAULT_DENSITY,
+                    help="kept fraction for ties/dare_ties/della; DARE's drop rate is 1 - density")
+    ap.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="DELLA keep-probability window +-epsilon")
+    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta")
+    ap.add_argument("--rank", type=int, help="output rank by truncated SVD of the merged delta "
+                                             "(default: r in adapter space; exact soup / sum r_i in delta space)")
+    ap.add_argument("--full", action="store_true", help="also write W0 + delta as an HF model folder OUT/full")
+    ap.add_argument("--base", help="base model folder (HF) for --full")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the dare_ties/della random drops")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ap.add_argument("--compare-delta", action="store_true",
+                    help="adapter space: also report each module's distance to the delta-space merge")
+    args = ap.parse_args(argv)
+    try:
+        merge_adapters(args.adapters, args.out, args.method, space=args.space, weights=args.weights,
+                       density=args.density, epsilon=args.epsilon, lam=args.lam, rank=args.rank, full=args.full,
+                       base=args.base, seed=args.seed, device=args.device, compare_delta=args.compare_delta)
+    except MergeError as e:
+        sys.exit(f"merge.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

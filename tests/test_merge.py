@@ -1,0 +1,505 @@
+"""Tests for merge.py: known answers on hand-made deltas, method properties, peft round trips on a tiny Llama.
+
+Run:  python -m pytest -q tests/test_merge.py          (a few seconds on 2 CPU cores)
+The adapter-vs-delta comparison in results/merge.md:  python tests/test_merge.py --compare
+"""
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import merge  # noqa: E402
+
+T = torch.tensor
+
+
+# ---------------------------------------------------------------------------------------------------
+# Known answers on hand-made deltas
+
+D1 = T([[3.0, -1.0], [0.5, 2.0]])
+D2 = T([[-2.0, -4.0], [1.0, -0.5]])
+D3 = T([[1.0, 0.2], [-3.0, 0.1]])
+
+
+def test_soup_known_answer():
+    assert torch.allclose(merge.soup([D1, D2, D3]), T([[2 / 3, -4.8 / 3], [-1.5 / 3, 1.6 / 3]]))
+    # weights are relative: [2, 1, 1] == [0.5, 0.25, 0.25]; lam scales the result
+    want = 0.5 * D1 + 0.25 * D2 + 0.25 * D3
+    assert torch.allclose(merge.soup([D1, D2, D3], [2, 1, 1]), want)
+    assert torch.allclose(merge.soup([D1, D2, D3], [2, 1, 1], lam=3.0), 3 * want)
+
+
+def test_trim_magnitude_known_answer():
+    assert torch.equal(merge.trim_magnitude(D1, 0.5), T([[3.0, 0.0], [0.0, 2.0]]))
+    assert torch.equal(merge.trim_magnitude(D2, 0.5), T([[-2.0, -4.0], [0.0, 0.0]]))
+    assert torch.equal(merge.trim_magnitude(D3, 0.25), T([[0.0, 0.0], [-3.0, 0.0]]))
+    assert torch.equal(merge.trim_magnitude(D1, 1.0), D1)
+    # round, not int(): 0.29 * 100 = 28.999... keeps 29 entries
+    assert int((merge.trim_magnitude(torch.arange(1.0, 101.0), 0.29) != 0).sum()) == 29
+
+
+def test_ties_known_answer_sign_election_and_disjoint_mean():
+    # trimmed (density 0.5): D1 -> [[3,0],[0,2]], D2 -> [[-2,-4],[0,0]], D3 -> [[1,0],[-3,0]]
+    # summed mass [[2,-4],[-3,2]] -> elected signs [[+,-],[-,+]]
+    # (0,0): agreeing 3 and 1 -> mean 2 (the -2 is dropped); (0,1): -4; (1,0): -3; (1,1): 2
+    assert torch.allclose(merge.ties([D1, D2, D3], density=0.5), T([[2.0, -4.0], [-3.0, 2.0]]))
+    assert torch.allclose(merge.ties([D1, D2, D3], density=0.5, lam=0.5), T([[1.0, -2.0], [-1.5, 1.0]]))
+    # weighted: w = [2,1,1] -> (0,0): (2*3 + 1*1) / (2 + 1) = 7/3; single agreeing entries keep their value
+    assert torch.allclose(merge.ties([D1, D2, D3], [2, 1, 1], density=0.5), T([[7 / 3, -4.0], [-3.0, 2.0]]))
+
+
+def test_ties_elects_by_mass_not_by_count():
+    # one large + against two small -: the summed mass is +3, so the + entry wins alone
+    got = merge.ties([T([5.0]), T([-1.0]), T([-1.0])], density=1.0)
+    assert torch.allclose(got, T([5.0]))
+    # a weight can flip the election: w = [1, 4, 4] -> mass 5 - 4 - 4 < 0 -> mean of the two -1's
+    assert torch.allclose(merge.ties([T([5.0]), T([-1.0]), T([-1.0])], [1, 4, 4], density=1.0), T([-1.0]))
+    # zeros never vote: nothing agrees -> 0
+    assert torch.allclose(merge.ties([T([0.0]), T([0.0])], density=1.0), T([0.0]))
+
+
+def test_ties_density1_no_conflicts_equals_soup():
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.rand(6, 5, generator=g) + 0.1 for _ in range(3)]        # all positive: no sign conflict
+    assert torch.allclose(merge.ties(xs, density=1.0), merge.soup(xs), atol=1e-6)
+    neg = [-x for x in xs]
+    assert torch.allclose(merge.ties(neg, [1, 2, 3], density=1.0), merge.soup(neg, [1, 2, 3]), atol=1e-6)
+
+
+def test_random_keep_mask_and_rescale_by_hand():
+    x = torch.arange(1.0, 13.0).view(3, 4)
+    seed = merge.draw_seed(7, "m/delta", 0)
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+    got = merge.random_keep(x, 0.5, seed)
+    assert torch.equal(got, torch.where(u < 0.5, x * 2, torch.zeros_like(x)))
+
+
+def test_dare_ties_known_properties():
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(40, 50, generator=g) for _ in range(3)]
+    # density 1: nothing dropped -> ties at density 1
+    assert torch.allclose(merge.dare_ties(xs, density=1.0), merge.ties(xs, density=1.0))
+    # single adapter: each entry is 0 or x / density, about density of them kept; same seed -> same result
+    one = merge.dare_ties(xs[:1], density=0.25, seed=3, tag="t")
+    kept = one != 0
+    assert torch.allclose(one[kept], xs[0][kept] / 0.25)
+    assert abs(kept.float().mean().item() - 0.25) < 0.05
+    assert torch.equal(one, merge.dare_ties(xs[:1], density=0.25, seed=3, tag="t"))
+    assert not torch.equal(one, merge.dare_ties(xs[:1], density=0.25, seed=4, tag="t"))
+
+
+def test_della_keep_prob_known_answer():
+    # row [0.1, -3, 2]: magnitude ranks 0, 2, 1 -> normalised 0, 1, 0.5 -> keep 0.3, 0.7, 0.5
+    got = merge.della_keep_prob(T([[0.1, -3.0, 2.0]]), density=0.5, epsilon=0.2)
+    assert torch.allclose(got, T([[0.3, 0.7, 0.5]]))
+    # ranks are per row
+    got = merge.della_keep_prob(T([[1.0, 2.0], [4.0, 3.0]]), density=0.6, epsilon=0.1)
+    assert torch.allclose(got, T([[0.5, 0.7], [0.7, 0.5]]))
+
+
+def test_della_single_adapter_by_hand_and_unbiased():
+    x = T([[0.1, -3.0, 2.0], [1.0, 0.5, -0.2]])
+    seed = merge.draw_seed(0, "m", 0)
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+    p = merge.della_keep_prob(x, 0.5, 0.2)
+    assert torch.allclose(merge.della([x], density=0.5, epsilon=0.2, seed=0, tag="m"),
+                          torch.where(u < p, x / p, torch.zeros_like(x)))
+    # E[magprune(x)] = x: average over many seeds
+    mean = torch.stack([merge.della([x], density=0.5, epsilon=0.2, seed=s, tag="m") for s in range(4000)]).mean(0)
+    assert torch.allclose(mean, x, atol=0.15)
+
+
+def test_della_epsilon0_equals_dare_same_seed():
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(16, 24, generator=g) for _ in range(3)]
+    for density in (0.3, 0.7):
+        assert torch.equal(merge.della(xs, [1, 2, 3], density=density, epsilon=0.0, seed=5, tag="q"),
+                           merge.dare_ties(xs, [1, 2, 3], density=density, seed=5, tag="q"))
+
+
+def test_svd_helpers():
+    g = torch.Generator().manual_seed(3)
+    B, A = torch.randn(10, 3, generator=g), torch.randn(3, 7, generator=g)
+    b, a, err = merge.svd_lowrank_product(B, A, 3)
+    assert err < 1e-6 and torch.allclose(b @ a, B @ A, atol=1e-5)
+    b, a, err = merge.svd_lowrank_product(B, A, 12)                 # padded with zeros up to rank 12
+    assert b.shape == (10, 12) and a.shape == (12, 7) and torch.allclose(b @ a, B @ A, atol=1e-5)
+    d = torch.diag(T([4.0, 3.0, 0.0]))
+    b, a, err = merge.svd_dense(d, 1)
+    assert math.isclose(err, 3 / 5, rel_tol=1e-6) and torch.allclose(b @ a, torch.diag(T([4.0, 0.0, 0.0])), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiny Llama and adapter folders
+
+def tiny_config():
+    from transformers import LlamaConfig
+    return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=64, tie_word_embeddings=True, max_position_embeddings=64)
+
+
+def make_adapter(base_dir, out_dir, seed, r=4, alpha=8, start=None, drift=1.0):
+    """A LoRA with random A and B (B nonzero) on all linear layers; `start` (an adapter folder) + drift."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear"))
+    g = torch.Generator().manual_seed(seed)
+    ref = load_file(str(Path(start) / merge.ADAPTER_FILE)) if start else None
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                noise = torch.randn(p.shape, generator=g) * 0.2
+                key = name.replace(".default", "")
+                p.copy_(ref[key] + drift * noise if ref is not None else noise)
+    peft_model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """A saved tiny base and five adapters: a0..a2 (r 4, alpha 8), a3 (r 8, alpha 4), a4 (rslora r 4)."""
+    from transformers import AutoModelForCausalLM
+    root = tmp_path_factory.mktemp("zoo")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config()).save_pretrained(str(root / "base"))
+    z = {"root": root, "base": root / "base"}
+    for i in range(3):
+        z[f"a{i}"] = make_adapter(z["base"], root / f"a{i}", seed=10 + i)
+    z["a3"] = make_adapter(z["base"], root / "a3", seed=13, r=8, alpha=4)
+    return z
+
+
+def deltas_of(adapter_dir):
+    """{module name: s * B @ A} straight from the folder (independent of merge.py's loader)."""
+    from safetensors.torch import load_file
+    cfg = json.loads((Path(adapter_dir) / merge.CONFIG_FILE).read_text())
+    s = cfg["lora_alpha"] / (math.sqrt(cfg["r"]) if cfg.get("use_rslora") else cfg["r"])
+    sd = load_file(str(Path(adapter_dir) / merge.ADAPTER_FILE))
+    out = {}
+    for k, A in sd.items():
+        if k.endswith(".lora_A.weight"):
+            stem = k[: -len(".lora_A.weight")]
+            out[merge.module_name(stem)] = s * sd[stem + ".lora_B.weight"].float() @ A.float()
+    return out
+
+
+def max_rel(got, want):
+    return max(((got[k] - want[k]).norm() / want[k].norm()).item() for k in want)
+
+
+def logits_with(base_dir, deltas=None, adapter=None):
+    """Logits of the base on fixed tokens, with dense deltas added to its weights or a peft adapter loaded."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    if deltas:
+        with torch.no_grad():
+            for name, d in deltas.items():
+                model.get_submodule(name).weight += d
+    if adapter:
+        model = PeftModel.from_pretrained(model, str(adapter))
+    ids = torch.arange(1, 17).view(2, 8) % 64
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+# ---------------------------------------------------------------------------------------------------
+# Folder-level merges
+
+def test_soup_of_identical_adapters_is_that_adapter(zoo, tmp_path):
+    want = deltas_of(zoo["a0"])
+    for space in ("adapter", "delta"):
+        out = tmp_path / space
+        merge.merge_adapters([zoo["a0"]] * 3, out, "soup", space=space)
+        assert max_rel(deltas_of(out), want) < 1e-5, space
+    # the same holds for ties at density 1 in adapter space (every entry agrees with itself)
+    merge.merge_adapters([zoo["a0"]] * 2, tmp_path / "t", "ties", density=1.0)
+    assert max_rel(deltas_of(tmp_path / "t"), want) < 1e-5
+
+
+def test_merged_adapter_loads_with_peft_and_changes_model_as_computed(zoo, tmp_path):
+    ads = [zoo["a0"], zoo["a1"], zoo["a3"]]
+    ds = [deltas_of(a) for a in ads]
+    w = [0.5, 0.3, 0.2]
+    want = {k: sum(wi * d[k] for wi, d in zip(w, ds)) for k in ds[0]}   # delta-space soup by hand
+    rep = merge.merge_adapters(ads, tmp_path / "soup", "soup", space="delta", weights=[5, 3, 2],
+                               full=True, base=zoo["base"])
+    assert rep["output"]["r"] == 16 and rep["summary"]["svd_rel_error_max"] == 0.0
+    expected = logits_with(zoo["base"], deltas=want)
+    assert not torch.allclose(expected, logits_with(zoo["base"]), atol=1e-3)     # the merge does something
+    assert torch.allclose(logits_with(zoo["base"], adapter=tmp_path / "soup"), expected, atol=1e-4)
+    full = logits_with(tmp_path / "soup" / "full")
+    assert torch.allclose(full, expected, atol=1e-4)
+    # a delta-space TIES at a rank that holds the whole delta (min dim 32) == base + ties(deltas)
+    want = {k: merge.ties([d[k] for d in ds], w, density=0.5) for k in ds[0]}
+    rep = merge.merge_adapters(ads, tmp_path / "ties", "ties", space="delta", weights=w, density=0.5, rank=64)
+    assert rep["summary"]["svd_rel_error_max"] < 1e-5
+    assert torch.allclose(logits_with(zoo["base"], adapter=tmp_path / "ties"),
+                          logits_with(zoo["base"], deltas=want), atol=1e-4)
+
+
+def test_report_and_determinism(zoo, tmp_path):
+    ads = [zoo["a0"], zoo["a1"], zoo["a2"]]
+    for method in ("dare_ties", "della"):
+        r1 = merge.merge_adapters(ads, tmp_path / "x1", method, space="delta", rank=8, seed=1)
+        r2 = merge.merge_adapters(ads, tmp_path / "x2", method, space="delta", rank=8, seed=1)
+        d1, d2 = deltas_of(tmp_path / "x1"), deltas_of(tmp_path / "x2")
+        assert all(torch.equal(d1[k], d2[k]) for k in d1)
+        assert r1["modules"] == r2["modules"]
+        merge.merge_adapters(ads, tmp_path / "x3", method, space="delta", rank=8, seed=2)
+        assert max_rel(deltas_of(tmp_path / "x3"), d1) > 0.01
+    rep = json.loads((tmp_path / "x1" / merge.REPORT_FILE).read_text())
+    assert rep["method"] == "della" and rep["space"] == "delta" and rep["params"]["seed"] == 1
+    assert rep["params"]["drop_rate"] == 0.5 and len(rep["modules"]) == 14
+    m = rep["modules"]["model.layers.0.self_attn.q_proj"]
+    assert m["rank"] == 8 and 0 < m["svd_rel_error"] < 1 and set(rep["timings_s"]) >= {"merge", "total"}
+
+
+def test_adapter_space_compare_delta(zoo, tmp_path):
+    rep = merge.merge_adapters([zoo["a0"], zoo["a1"]], tmp_path / "o", "soup", compare_delta=True)
+    assert rep["summary"]["rel_error_vs_delta_mean"] > 0.3            # independent adapters: cross terms dominate
+    rep = merge.merge_adapters([zoo["a0"], zoo["a0"]], tmp_path / "o2", "soup", compare_delta=True)
+    assert rep["summary"]["rel_error_vs_delta_max"] < 1e-5
+
+
+def test_cli(zoo, tmp_path, capsys):
+    out = tmp_path / "cli"
+    merge.main(["--method", "ties", "--adapters", str(zoo["a0"]), str(zoo["a1"]), str(zoo["a2"]),
+                "--out", str(out), "--density", "0.5", "--lambda", "1.5"])
+    rep = json.loads((out / merge.REPORT_FILE).read_text())
+    assert rep["params"]["lam"] == 1.5 and rep["output"]["r"] == 4
+    cfg = json.loads((out / merge.CONFIG_FILE).read_text())
+    assert cfg["r"] == 4 and cfg["lora_alpha"] == 4 and cfg["use_rslora"] is False
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(adapters=["missing"]), "adapter folder not found"),
+    (dict(method="slerp"), "unknown method"),
+    (dict(density=0.0), "density must be in (0, 1]"),
+    (dict(density=1.5), "density must be in (0, 1]"),
+    (dict(method="della", density=0.1, epsilon=0.2), "della needs"),
+    (dict(weights=[1.0]), "1 weights for 2 adapters"),
+    (dict(weights=[1.0, -1.0]), "weights must be positive"),
+    (dict(rank=0), "rank must be a positive integer"),
+    (dict(full=True), "--full needs --base"),
+    (dict(adapters=["a0", "a3"]), "adapter space needs equal ranks"),
+    (dict(adapters=["a0", "other_base"]), "different base models"),
+    (dict(adapters=["a0", "fewer_modules"]), "different target modules"),
+    (dict(adapters=["a0", "dora"]), "use_dora=True is not supported"),
+    (dict(out="a0"), "is one of the input adapters"),
+])
+def test_errors_are_one_line_and_write_nothing(zoo, tmp_path, kwargs, message):
+    import shutil
+    from safetensors.torch import load_file, save_file
+    # broken variants of a0
+    for name in ("other_base", "fewer_modules", "dora"):
+        shutil.copytree(zoo["a0"], tmp_path / name)
+    cfg = json.loads((zoo["a0"] / merge.CONFIG_FILE).read_text())
+    (tmp_path / "other_base" / merge.CONFIG_FILE).write_text(json.dumps({**cfg, "base_model_name_or_path": "x"}))
+    (tmp_path / "dora" / merge.CONFIG_FILE).write_text(json.dumps({**cfg, "use_dora": True}))
+    sd = load_file(str(zoo["a0"] / merge.ADAPTER_FILE))
+    save_file({k: v for k, v in sd.items() if "layers.1.mlp" not in k},
+              str(tmp_path / "fewer_modules" / merge.ADAPTER_FILE))
+    where = {**{n: zoo[n] for n in ("a0", "a1", "a3")}, **{n: tmp_path / n for n in ("other_base", "fewer_modules",
+                                                                                        "dora")},
+             "missing": tmp_path / "missing"}
+    args = dict(adapters=["a0", "a1"], out=tmp_path / "out", method="soup")
+    args.update(kwargs)
+    args["adapters"] = [where[a] for a in args["adapters"]]
+    args["out"] = where.get(args["out"], args["out"])
+    before = sorted(p.name for p in zoo["a0"].iterdir())
+    with pytest.raises(merge.MergeError, match=re.escape(message)) as e:
+        merge.merge_adapters(args.pop("adapters"), args.pop("out"), args.pop("method"), **args)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in zoo["a0"].iterdir()) == before
+
+
+# ---------------------------------------------------------------------------------------------------
+# peft's add_weighted_adapter as the reference
+
+def peft_merge(zoo, names, combination_type, weights, tmp_path, **kw):
+    """Load the named adapters into one PeftModel, run add_weighted_adapter, save, return its deltas."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(zoo["base"])), str(zoo[names[0]]),
+                                      adapter_name="n0")
+    for i, n in enumerate(names[1:], 1):
+        model.load_adapter(str(zoo[n]), adapter_name=f"n{i}")
+    model.add_weighted_adapter([f"n{i}" for i in range(len(names))], weights, "merged",
+                               combination_type=combination_type, **kw)
+    model.save_pretrained(str(tmp_path / "peft"), selected_adapters=["merged"])
+    return deltas_of(tmp_path / "peft" / "merged")
+
+
+def test_vs_peft_linear(zoo, tmp_path):
+    # ours (adapter space, uniform) == peft linear with weights 1/n^2 (it folds sqrt(w s) into A and B)
+    merge.merge_adapters([zoo["a0"], zoo["a1"], zoo["a2"]], tmp_path / "ours", "soup")
+    theirs = peft_merge(zoo, ["a0", "a1", "a2"], "linear", [1 / 9] * 3, tmp_path)
+    assert max_rel(deltas_of(tmp_path / "ours"), theirs) < 1e-5
+    # peft linear with weights 1/n on n copies of one adapter gives n x that adapter; our soup gives it back
+    twice = peft_merge(zoo, ["a0", "a0"], "linear", [0.5, 0.5], tmp_path / "p2")
+    want = deltas_of(zoo["a0"])
+    assert max_rel(twice, {k: 2 * v for k, v in want.items()}) < 1e-5
+
+
+def test_vs_peft_cat_and_svd(zoo, tmp_path):
+    ads = [zoo["a0"], zoo["a1"], zoo["a3"]]
+    merge.merge_adapters(ads, tmp_path / "exact", "soup", space="delta", weights=[2, 1, 1])
+    theirs = peft_merge(zoo, ["a0", "a1", "a3"], "cat", [0.5, 0.25, 0.25], tmp_path)
+    assert max_rel(deltas_of(tmp_path / "exact"), theirs) < 1e-5
+    merge.merge_adapters(ads, tmp_path / "svd", "soup", space="delta", weights=[2, 1, 1], rank=6)
+    theirs = peft_merge(zoo, ["a0", "a1", "a3"], "svd", [0.5, 0.25, 0.25], tmp_path / "p2", svd_rank=6)
+    assert max_rel(deltas_of(tmp_path / "svd"), theirs) < 1e-4
+
+
+def test_vs_peft_ties(zoo, tmp_path):
+    # uniform weights, equal scalings: our TIES == peft's with weights 1 (count mean), in both spaces
+    ads = [zoo["a0"], zoo["a1"], zoo["a2"]]
+    merge.merge_adapters(ads, tmp_path / "a", "ties", density=0.5)
+    theirs = peft_merge(zoo, ["a0", "a1", "a2"], "ties", [1, 1, 1], tmp_path, density=0.5)
+    assert max_rel(deltas_of(tmp_path / "a"), theirs) < 1e-5
+    merge.merge_adapters(ads, tmp_path / "d", "ties", space="delta", density=0.5, rank=7)
+    theirs = peft_merge(zoo, ["a0", "a1", "a2"], "ties_svd", [1, 1, 1], tmp_path / "p2", density=0.5, svd_rank=7)
+    assert max_rel(deltas_of(tmp_path / "d"), theirs) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------
+# The adapter-vs-delta comparison printed into results/merge.md (not a test)
+
+REGIMES = {"independent": {}, "shared start, drift 0.3": dict(drift=0.3), "shared start, drift 0.05": dict(drift=0.05)}
+
+
+def compare(workdir):
+    """Synthetic experts (3, r 4, random factors of std 0.2) on the tiny Llama (hidden 32, 14 modules):
+    how far each method's adapter-space merge is from its delta-space definition, the seed-to-seed distance
+    of the random methods in delta space (their noise floor), and the SVD error of delta-space merges vs rank."""
+    from transformers import AutoModelForCausalLM
+    workdir = Path(workdir)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config()).save_pretrained(str(workdir / "base"))
+    start = make_adapter(workdir / "base", workdir / "start", seed=99)
+    rows = []
+    for j, (regime, kw) in enumerate(REGIMES.items()):
+        ads = [make_adapter(workdir / "base", workdir / f"r{j}_{i}", seed=100 + i, start=start if kw else None, **kw)
+               for i in range(3)]
+        for method in merge.METHODS:
+            rep = merge.merge_adapters(ads, workdir / "out", method, space="adapter", density=0.5, epsilon=0.15,
+                                       compare_delta=True)
+            s = rep["summary"]
+            rows.append(("adapter-vs-delta", regime, method, s["rel_error_vs_delta_mean"], s["rel_error_vs_delta_max"]))
+        for method in ("dare_ties", "della"):
+            merge.merge_adapters(ads, workdir / "s0", method, space="delta", rank=32, seed=0)
+            merge.merge_adapters(ads, workdir / "s1", method, space="delta", rank=32, seed=1)
+            d0, d1 = deltas_of(workdir / "s0"), deltas_of(workdir / "s1")
+            rels = [((d0[k] - d1[k]).norm() / d1[k].norm()).item() for k in d0]
+            rows.append(("seed-to-seed", regime, method, sum(rels) / len(rels), max(rels)))
+        for method in merge.METHODS:
+            for rank in (4, 8, 12, 16, 24, 32):
+                rep = merge.merge_adapters(ads, workdir / "out", method, space="delta", density=0.5, epsilon=0.15,
+                                           rank=rank)
+                rows.append(("delta-svd", regime, method, rank, rep["summary"]["svd_rel_error_mean"]))
+    return rows
+
+
+def compare_smollm_shapes():
+    """SVD error vs rank of delta-space merges for SmolLM2-135M module shapes (576x576 q_proj, 1536x576 up_proj),
+    3 random r-16 experts per module (independent, or a shared start with drift 0.3), density 0.5."""
+    rows = []
+    for shape in ((576, 576), (1536, 576)):
+        for regime, drift in (("independent", None), ("shared start, drift 0.3", 0.3)):
+            g = torch.Generator().manual_seed(0)
+            B0, A0 = torch.randn(shape[0], 16, generator=g), torch.randn(16, shape[1], generator=g)
+            deltas = []
+            for i in range(3):
+                B, A = torch.randn(shape[0], 16, generator=g), torch.randn(16, shape[1], generator=g)
+                if drift is not None:
+                    B, A = B0 + drift * B, A0 + drift * A
+                deltas.append(B @ A)
+            S_by_method = {m: torch.linalg.svdvals(merge.METHODS[m](deltas, density=0.5, seed=0, tag="x"))
+                           for m in merge.METHODS}
+            for m, S in S_by_method.items():
+                errs = [(S[k:].square().sum() / S.square().sum()).sqrt().item() for k in (16, 48, 64, 128, 256, 384)]
+                rows.append((f"{shape[0]}x{shape[1]}", regime, m, errs))
+    return rows
+
+
+def write_synthetic_adapter(out_dir, seed, n_layers=30, hidden=576, kv=192, inter=1536, r=16, alpha=32):
+    """A SmolLM2-135M-shaped LoRA folder (all 7 projections of every layer, bf16) written without a model."""
+    from safetensors.torch import save_file
+    shapes = {"self_attn.q_proj": (hidden, hidden), "self_attn.k_proj": (kv, hidden), "self_attn.v_proj": (kv, hidden),
+              "self_attn.o_proj": (hidden, hidden), "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden),
+              "mlp.down_proj": (hidden, inter)}
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for layer in range(n_layers):
+        for name, (n_out, n_in) in shapes.items():
+            stem = f"base_model.model.model.layers.{layer}.{name}"
+            sd[stem + ".lora_A.weight"] = (torch.randn(r, n_in, generator=g) * 0.02).bfloat16()
+            sd[stem + ".lora_B.weight"] = (torch.randn(n_out, r, generator=g) * 0.02).bfloat16()
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(Path(out_dir) / merge.ADAPTER_FILE))
+    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": sorted(shapes), "bias": "none",
+           "base_model_name_or_path": "SmolLM2-135M-Instruct", "task_type": "CAUSAL_LM", "lora_dropout": 0.05}
+    (Path(out_dir) / merge.CONFIG_FILE).write_text(json.dumps(cfg))
+    return out_dir
+
+
+def time_smollm_shapes(workdir, n_layers=3):
+    """Wall time of merge_adapters on 3 SmolLM2-135M-shaped r-16 adapters, `n_layers` of its 30 layers (7 modules
+    each), on this CPU; a whole-model merge takes about 30 / n_layers times as long."""
+    ads = [write_synthetic_adapter(Path(workdir) / f"s{i}", seed=i, n_layers=n_layers) for i in range(3)]
+    rows = []
+    for space, rank in (("adapter", None), ("delta", None), ("delta", 128)):
+        for method in merge.METHODS:
+            rep = merge.merge_adapters(ads, Path(workdir) / "o", method, space=space, rank=rank, density=0.5)
+            rows.append((space, rank, method, rep["output"]["r"], rep["timings_s"]["total"],
+                         rep["summary"]["svd_rel_error_mean"]))
+    return rows
+
+
+if __name__ == "__main__" and "--compare" in sys.argv:
+    import contextlib
+    import io
+    import tempfile
+    import time
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+        rows = compare(d)
+        big = compare_smollm_shapes()
+        timing = time_smollm_shapes(d)
+    print("Adapter space: relative Frobenius distance ||B A - method(deltas)|| / ||method(deltas)|| per module "
+          "(mean / max over 14 modules); seed-to-seed: the same distance between two delta-space draws (seeds 0, 1)\n")
+    print("| regime | method | adapter vs delta | delta seed-to-seed |")
+    print("| --- | --- | --- | --- |")
+    for r in rows:
+        if r[0] == "adapter-vs-delta":
+            seed = [x for x in rows if x[0] == "seed-to-seed" and x[1:3] == r[1:3]]
+            floor = f"{seed[0][3]:.3f} / {seed[0][4]:.3f}" if seed else "0 (deterministic)"
+            print(f"| {r[1]} | {r[2]} | {r[3]:.3f} / {r[4]:.3f} | {floor} |")
+    ranks = sorted({r[3] for r in rows if r[0] == "delta-svd"})
+    print("\nDelta space, tiny Llama: mean relative SVD error over 14 modules vs output rank (min dim 16 or 32)\n")
+    print("| regime | method | " + " | ".join(f"rank {k}" for k in ranks) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in ranks) + " |")
+    for regime in REGIMES:
+        for method in merge.METHODS:
+            vals = [r for r in rows if r[0] == "delta-svd" and r[1] == regime and r[2] == method]
+            print(f"| {regime} | {method} | " + " | ".join(f"{r[4]:.3f}" for r in vals) + " |")
+    print("\nDelta space, SmolLM2-135M module shapes, 3 random r-16 experts: relative SVD error vs output rank\n")
+    print("| shape | regime | method | rank 16 | 48 | 64 | 128 | 256 | 384 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for shape, regime, m, errs in big:
+        print(f"| {shape} | {regime} | {m} | " + " | ".join(f"{e:.3f}" for e in errs) + " |")
+    print("\nWall time, 3 SmolLM2-135M-shaped r-16 adapters (bf16), 3 of 30 layers = 21 modules, CPU; "
+          "x10 estimates the whole model\n")
+    print("| space | --rank | method | output r | time, 21 modules (s) | x10 (s) | mean SVD error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for space, rank, m, r_out, secs, err in timing:
+        print(f"| {space} | {rank or '-'} | {m} | {r_out} | {secs:.2f} | {10 * secs:.0f} | {err:.3f} |")
+    print(f"\n({time.time() - t0:.0f} s)")
