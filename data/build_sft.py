@@ -9,20 +9,36 @@ Stages (each file is the whole mixture of its stage, so stage k trains on stagek
            a row is kept only if the simulator error is fixed or overall coverage rises by > 1 point
            (0.01 as a fraction) with no metric falling; only the largest improvement (reward gain)
            per design is kept.
-  stage 2  stage 1 + refinement rows whose states come from a model's own rollouts:
-           `states_fn(tasks) -> [(task, answer_text)]` (the lead wires the stage-1 model in).
+  stage 2  stage 1 + refinement rows whose states come from a model's OWN rollouts (DAgger-style:
+           states from the policy, labels from the teacher): `states_fn(tasks) -> [(task, answer)]`;
+           model_states_fn(model, tok, n=2, ...) = the stage-1 model's direct rollouts (CLI:
+           --stage2-model M [--stage2-adapter DIR]). The same worst-first selection, refinement and
+           filter as stage 1; a rollout that does not parse (no code block / cut off) is a parse-failure
+           state: it is not simulated, the teacher sees common.refine_messages(task, answer, None) (the
+           template teacher answers with its strong template) and the row kind is refine_parse.
 
-Rows (chat JSONL): {"messages": [...], "task_id", "stage", "kind": direct|refine_compile|refine_coverage,
-"reward_before", "reward_after"}. Direct rows are common.build_messages(task) + the answer; refinement
-rows are the memoryless state common.refine_messages(task, state_answer, state_result) + the answer;
-answers are canonical (common.render_answer). Rewards are sim.reward (0, or 1 + overall/100).
+Rows (chat JSONL): {"messages": [...], "task_id", "stage", "kind", "reward_before", "reward_after"};
+kind: direct | refine_parse (the state did not parse) | refine_compile (the state was simulated and
+failed: compile error, timeout, no coverage ...) | refine_coverage (coverage gain). Direct rows are
+common.build_messages(task) + the answer; refinement rows are the memoryless state
+common.refine_messages(task, state_answer, state_result or None) + the answer; answers are canonical
+(common.render_answer). Rewards are sim.reward (0, or 1 + overall/100).
+
+Flow: tasks (--tasks FILE or --synthetic N) -> optional --decontaminate EVAL.jsonl ... (drops training
+tasks whose RTL is too similar to an eval task's: data.designs.contamination_filter) -> stage 0 ->
+stage 1 -> optional stage 2. Teacher: the template teacher (default, --level), an OpenAI-compatible
+endpoint (--teacher-url/--teacher-model) or an HF model (--teacher-hf M [--teacher-adapter DIR]).
 
 CLI:
   python data/build_sft.py --synthetic 200 --seed 0 --out runs/sft_data        # data/designs.py tasks
-  python data/build_sft.py --tasks train_tasks.jsonl --out runs/sft_data --n 2
+  python data/build_sft.py --tasks train_tasks.jsonl --out runs/sft_data --n 2 \
+      --decontaminate ../shared/data/dev_tasks.jsonl                           # drop dev look-alikes
   python data/build_sft.py ... --teacher-url http://127.0.0.1:8000 --teacher-model NAME   # chat teacher
-Files written (under --out): stage0.jsonl, stage1.jsonl, build_info.json (counts, timings, config);
-stage2.jsonl only from build_stage2() with a states_fn.
+  python data/build_sft.py ... --stage2-model Qwen/Qwen3-4B-Instruct-2507 --stage2-adapter runs/sft1/adapter
+Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model),
+build_info.json: config, per-stage stats (runs/states/candidates by status, kept rows by kind),
+sizes (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage, stage-2 rollouts,
+total), decontamination (eval files, threshold, dropped ids with their F1) and stage2_policy.
 """
 import argparse
 import json
@@ -45,17 +61,32 @@ STATE_LEVELS = ("minimal", "weak", "medium")
 # Scoring
 # ----------------------------------------------------------------------------------------------
 
+PARSE_FAILURES = ("no_code", "truncated")   # result statuses of answers that were not simulated
+
+
+def parse_failure_result(reason):
+    """The result dict of an answer that did not parse (common.parse_answer reason no_code/truncated)."""
+    return {"status": reason, "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
+
+
+def is_parse_failure(res):
+    return res is None or res.get("status") in PARSE_FAILURES
+
+
 def sim_score(pairs, workers=None):
-    """[(task, answer_text)] -> [result dict] with the kit's scorer; no code -> status 'no_code'."""
+    """[(task, answer_text)] -> [result dict] with the kit's scorer. Only usable answers are simulated
+    (common.parse_answer reason ok / no_filename, as in evaluate.py); the others get the result
+    {"status": "no_code" | "truncated", "overall_pct": None, ...} (a parse failure)."""
+    import common
     import sim
     jobs, idx = [], []
     out = [None] * len(pairs)
     for i, (task, answer) in enumerate(pairs):
-        code = teacher_mod.answer_code(answer)
-        if code is None:
-            out[i] = {"status": "no_code", "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
+        a = common.parse_answer(answer or "")
+        if a.reason not in ("ok", "no_filename") or not a.code:
+            out[i] = parse_failure_result(a.reason if a.reason in PARSE_FAILURES else "no_code")
             continue
-        jobs.append(sim.job_from_task(task, code))
+        jobs.append(sim.job_from_task(task, a.code))
         idx.append(i)
     for i, r in zip(idx, sim.simulate_many(jobs, workers=workers)):
         out[i] = r.to_dict()
@@ -77,13 +108,18 @@ def rank_key(res):
 
 
 def improvement(before, after):
-    """Kind of improvement from state `before` to `after` ("refine_compile" | "refine_coverage"), or None.
+    """Kind of improvement from state `before` to `after`, or None:
 
-    refine_compile: the state failed (no coverage) and the new testbench runs with coverage.
+    refine_parse: the state's answer did not parse (no code block / cut off; nothing was simulated) and
+      the new testbench runs with coverage;
+    refine_compile: the state was simulated but failed (compile error, timeout, no coverage, ...) and
+      the new testbench runs with coverage;
     refine_coverage: both ran; overall rises by > MIN_GAIN_PCT points and no metric's pct falls.
     """
     if reward(after) == 0.0:
         return None
+    if is_parse_failure(before):
+        return "refine_parse"
     if reward(before) == 0.0:
         return "refine_compile"
     if after["overall_pct"] - before["overall_pct"] <= MIN_GAIN_PCT:
@@ -134,7 +170,7 @@ def direct_row(task, answer, res, stage=0):
 
 def refine_row(task, state_answer, state_res, answer, res, kind, stage):
     import common
-    state = None if state_res.get("status") == "no_code" else state_res     # parse failure: no sim result
+    state = None if is_parse_failure(state_res) else state_res     # parse failure: no sim result
     msgs = common.refine_messages(task, state_answer, state)
     msgs = list(msgs) + [{"role": "assistant", "content": canonical(answer)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": kind,
@@ -196,20 +232,26 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     states = []
     for tid, runs in by_task.items():
         states.extend((tasks[tid], a, r, tag) for a, r, tag in select_states(runs))
-    stats = {"designs": len(by_task), "runs": len(state_pairs), "states": len(states),
-             "states_by_tag": {}, "candidates": 0, "kept_by_kind": {}, "rejected_no_improvement": 0}
+    stats = {"designs": len(by_task), "runs": len(state_pairs), "runs_by_status": {}, "states": len(states),
+             "states_by_tag": {}, "states_by_status": {}, "candidates": 0, "candidates_by_status": {},
+             "kept_by_kind": {}, "rejected_no_improvement": 0}
+    for r in results:
+        stats["runs_by_status"][r["status"]] = stats["runs_by_status"].get(r["status"], 0) + 1
     for s in states:
         stats["states_by_tag"][s[3]] = stats["states_by_tag"].get(s[3], 0) + 1
+        stats["states_by_status"][s[2]["status"]] = stats["states_by_status"].get(s[2]["status"], 0) + 1
     best = {}
     cur = [(t, a, r) for t, a, r, _ in states]
     for _ in range(rounds):
         if not cur:
             break
-        new_answers = teacher.refine(cur)
+        # the teacher sees None for a parse failure (common.refine_messages' convention)
+        new_answers = teacher.refine([(t, a, None if is_parse_failure(r) else r) for t, a, r in cur])
         new_results = score_fn([(t, a) for (t, _, _), a in zip(cur, new_answers)])
         nxt = []
         for (t, a0, r0), a1, r1 in zip(cur, new_answers, new_results):
             stats["candidates"] += 1
+            stats["candidates_by_status"][r1["status"]] = stats["candidates_by_status"].get(r1["status"], 0) + 1
             kind = improvement(r0, r1)
             if kind is None:
                 stats["rejected_no_improvement"] += 1
@@ -236,10 +278,36 @@ def build_stage1(tasks, teacher, stage0_rows, score_fn=None, workers=None, seed=
 
 def build_stage2(tasks, teacher, stage1_rows, states_fn, score_fn=None, workers=None, rounds=1):
     """Stage 1 rows + refinement rows whose states come from `states_fn(tasks) -> [(task, answer)]`
-    (a model's own rollouts; the lead wires the stage-1 model in)."""
+    (a model's own rollouts, e.g. model_states_fn(stage-1 model)); labels come from the teacher.
+    Rollouts that do not parse are parse-failure states (rows of kind refine_parse)."""
+    t0 = time.time()
     pairs = list(states_fn(tasks))
+    t1 = time.time()
     rows, stats = build_refine_rows(pairs, teacher, 2, score_fn, workers, rounds)
+    stats["states_fn_s"] = round(t1 - t0, 1)
     return stage1_rows + rows, stats
+
+
+def model_states_fn(model, tok, *, n=2, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0,
+                    adapter_name=None, batch_size=64):
+    """The states_fn of build_stage2 for a model: its direct rollouts (n per task, common.generate on
+    common.build_messages, with the adapter active on the model or `adapter_name`).
+    Returns states_fn(tasks) -> [(task, answer_text)], n pairs per task in task order."""
+    policy = teacher_mod.HFTeacher(model, tok, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   top_p=top_p, seed=seed, adapter_name=adapter_name, batch_size=batch_size)
+
+    def states_fn(tasks):
+        answers = policy.direct(tasks, n)
+        return [(t, a) for t, ans in zip(tasks, answers) for a in ans]
+
+    return states_fn
+
+
+def kinds_of(rows):
+    out = {}
+    for r in rows:
+        out[r.get("kind")] = out.get(r.get("kind"), 0) + 1
+    return out
 
 
 def write_jsonl(path, rows):
@@ -250,8 +318,13 @@ def write_jsonl(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
-def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None):
-    """Stages 0 and 1 into out_dir (stage0.jsonl, stage1.jsonl, build_info.json); returns the info."""
+def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
+              states_fn=None, stage2_rounds=None, extra_info=None):
+    """Stages 0 and 1 (and stage 2 when `states_fn` is given) into out_dir: stage0.jsonl, stage1.jsonl,
+    [stage2.jsonl], build_info.json. Returns the info: {tasks, config, stage0/1/2 stats, sizes
+    (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage and total), plus
+    `extra_info` (e.g. the decontamination report)}."""
+    out_dir = Path(out_dir)
     t0 = time.time()
     s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers)
     t1 = time.time()
@@ -260,15 +333,41 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
     t2 = time.time()
     print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
           f"from {st1['states']} states ({t2 - t1:.0f} s)")
-    write_jsonl(Path(out_dir) / "stage0.jsonl", s0)
-    write_jsonl(Path(out_dir) / "stage1.jsonl", s1)
+    write_jsonl(out_dir / "stage0.jsonl", s0)
+    write_jsonl(out_dir / "stage1.jsonl", s1)
     info = {"tasks": len(tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
                                              "teacher": type(teacher).__name__},
+            **(extra_info or {}),
             "stage0": st0, "stage1": st1, "sizes": {"stage0": len(s0), "stage1": len(s1)},
+            "sizes_by_kind": {"stage0": kinds_of(s0), "stage1": kinds_of(s1)},
             "seconds": {"stage0": round(t1 - t0, 1), "stage1": round(t2 - t1, 1)}}
-    with open(Path(out_dir) / "build_info.json", "w") as f:
+    if states_fn is not None:
+        r2 = rounds if stage2_rounds is None else stage2_rounds
+        info["config"]["stage2_rounds"] = r2
+        s2, st2 = build_stage2(tasks, teacher, s1, states_fn, score_fn, workers, r2)
+        t3 = time.time()
+        print(f"stage 2: {len(s2)} rows = {len(s1)} stage-1 + {st2['rows']} refinement {st2['kept_by_kind']} "
+              f"from {st2['states']} states of {st2['runs']} model rollouts {st2['runs_by_status']} "
+              f"({t3 - t2:.0f} s, rollouts {st2['states_fn_s']:.0f} s)")
+        write_jsonl(out_dir / "stage2.jsonl", s2)
+        info["stage2"] = st2
+        info["sizes"]["stage2"] = len(s2)
+        info["sizes_by_kind"]["stage2"] = kinds_of(s2)
+        info["seconds"]["stage2_rollouts"] = st2["states_fn_s"]
+        info["seconds"]["stage2"] = round(t3 - t2, 1)
+    info["seconds"]["total"] = round(time.time() - t0 + (extra_info or {}).get("seconds_before_build", 0.0), 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "build_info.json", "w") as f:
         json.dump(info, f, indent=2)
     return info
+
+
+def _load_model_and_adapter(name, adapter, quant):
+    import common
+    model, tok = common.load_model(name, quant=quant)
+    if adapter:
+        model = common.load_adapter(model, adapter)
+    return model, tok
 
 
 def main(argv=None):
@@ -277,34 +376,92 @@ def main(argv=None):
     src = ap.add_argument_group("tasks (training designs only; never the dev/eval set)")
     src.add_argument("--tasks", help="task JSONL (e.g. from data/cvdp.py or data/designs.py)")
     src.add_argument("--synthetic", type=int, help="generate N tasks with data/designs.py (split 'train')")
-    src.add_argument("--seed", type=int, default=0)
+    src.add_argument("--seed", type=int, default=0, help="synthetic generation, template and sampling seed")
+    src.add_argument("--decontaminate", nargs="+", metavar="EVAL.jsonl", default=[],
+                     help="eval task files: drop training tasks whose RTL is too similar to any of them "
+                          "(data.designs.contamination_filter: 5-gram or ROUGE-L F1 >= --threshold); "
+                          "the dropped ids go to build_info.json")
+    src.add_argument("--threshold", type=float, default=0.5, help="F1 threshold for --decontaminate")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--n", type=int, default=2, help="teacher tries per task for stage 0 (best kept)")
     ap.add_argument("--rounds", type=int, default=2, help="refinement rounds per stage-1 state")
     ap.add_argument("--fail-fraction", type=float, default=0.3, help="designs that also get a broken state")
     ap.add_argument("--workers", type=int, default=None, help="simulator processes (default: cores)")
+    ap.add_argument("--quant", default="auto", help="precision for the HF models below (common.resolve_quant)")
     t = ap.add_argument_group("teacher (default: the template teacher)")
     t.add_argument("--level", default="strong", choices=teacher_mod.LEVELS)
     t.add_argument("--teacher-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
     t.add_argument("--teacher-model", help="model name for --teacher-url")
+    t.add_argument("--teacher-hf", metavar="M", help="an HF model (id, folder or GGUF) as the teacher (HFTeacher)")
+    t.add_argument("--teacher-adapter", metavar="DIR", help="peft adapter folder on --teacher-hf")
+    t.add_argument("--teacher-max-new-tokens", type=int, default=2048)
+    s2 = ap.add_argument_group("stage 2 (states from a model's own direct rollouts; labels from the teacher)")
+    s2.add_argument("--stage2-model", metavar="M", help="the stage-1 model (HF id, folder or GGUF); "
+                    "writes stage2.jsonl")
+    s2.add_argument("--stage2-adapter", metavar="DIR", help="peft adapter folder on --stage2-model (e.g. the "
+                    "stage-1 SFT adapter)")
+    s2.add_argument("--stage2-n", type=int, default=2, help="rollouts per task")
+    s2.add_argument("--stage2-max-new-tokens", type=int, default=2048)
+    s2.add_argument("--stage2-temperature", type=float, default=0.7)
+    s2.add_argument("--stage2-top-p", type=float, default=0.8)
+    s2.add_argument("--stage2-rounds", type=int, default=None, help="refinement rounds (default: --rounds)")
     args = ap.parse_args(argv)
     if bool(args.tasks) == bool(args.synthetic):
-        sys.exit("error: give exactly one of --tasks FILE or --synthetic N")
+        ap.error("give exactly one of --tasks FILE or --synthetic N")
+    if args.stage2_adapter and not args.stage2_model:
+        ap.error("--stage2-adapter needs --stage2-model")
+    if args.teacher_adapter and not args.teacher_hf:
+        ap.error("--teacher-adapter needs --teacher-hf")
+    if args.teacher_url and not args.teacher_model:
+        ap.error("--teacher-url needs --teacher-model")
+    if args.teacher_url and args.teacher_hf:
+        ap.error("give at most one of --teacher-url and --teacher-hf")
+    t_start = time.time()
     if args.tasks:
         import sim
         tasks = sim.load_tasks(args.tasks)
     else:
         from data.designs import generate_tasks
         tasks = generate_tasks(args.synthetic, args.seed, "train")
+    extra = {}
+    if args.decontaminate:
+        from data.designs import contamination_filter
+        td = time.time()
+        n_before = len(tasks)
+        tasks, dropped = contamination_filter(tasks, args.decontaminate, threshold=args.threshold)
+        extra["decontamination"] = {"eval_files": args.decontaminate, "threshold": args.threshold,
+                                    "tasks_before": n_before, "kept": len(tasks), "dropped": len(dropped),
+                                    "dropped_rows": dropped, "seconds": round(time.time() - td, 1)}
+        print(f"decontaminate: dropped {len(dropped)}/{n_before} training tasks (threshold {args.threshold})")
+        for d in dropped[:10]:
+            print("  ", d)
+        if not tasks:
+            sys.exit("error: no training task left after --decontaminate")
     if args.teacher_url:
-        if not args.teacher_model:
-            sys.exit("error: --teacher-url needs --teacher-model")
         teacher = teacher_mod.ChatTeacher(args.teacher_url, args.teacher_model)
+    elif args.teacher_hf:
+        tm, tt = _load_model_and_adapter(args.teacher_hf, args.teacher_adapter, args.quant)
+        teacher = teacher_mod.HFTeacher(tm, tt, max_new_tokens=args.teacher_max_new_tokens, temperature=0.7,
+                                        top_p=0.8, seed=args.seed)
     else:
         teacher = teacher_mod.TemplateTeacher(args.level, args.seed)
+    states_fn = None
+    if args.stage2_model:
+        sm, st = _load_model_and_adapter(args.stage2_model, args.stage2_adapter, args.quant)
+        states_fn = model_states_fn(sm, st, n=args.stage2_n, max_new_tokens=args.stage2_max_new_tokens,
+                                    temperature=args.stage2_temperature, top_p=args.stage2_top_p, seed=args.seed)
+        extra["stage2_policy"] = {"model": args.stage2_model, "adapter": args.stage2_adapter,
+                                  "n": args.stage2_n, "max_new_tokens": args.stage2_max_new_tokens,
+                                  "temperature": args.stage2_temperature, "top_p": args.stage2_top_p}
+    extra["seconds_before_build"] = round(time.time() - t_start, 1)
     print(f"build_sft: {len(tasks)} tasks, teacher {type(teacher).__name__}, n={args.n}, rounds={args.rounds}, "
-          f"fail_fraction={args.fail_fraction}, workers={args.workers or 'all cores'} -> {args.out}")
-    build_all(tasks, args.out, teacher, args.n, args.workers, args.seed, args.fail_fraction, args.rounds)
+          f"fail_fraction={args.fail_fraction}, stage 2: {'yes' if states_fn else 'no'}, "
+          f"workers={args.workers or 'all cores'} -> {args.out}")
+    info = build_all(tasks, args.out, teacher, args.n, args.workers, args.seed, args.fail_fraction, args.rounds,
+                     states_fn=states_fn, stage2_rounds=args.stage2_rounds, extra_info=extra)
+    print(f"sizes {info['sizes']}, by kind {info['sizes_by_kind']}, {info['seconds']['total']} s "
+          f"-> {Path(args.out) / 'build_info.json'}")
+    return info
 
 
 if __name__ == "__main__":

@@ -6,7 +6,13 @@ Two teachers share one interface (`Teacher` below):
   testbench from the scorer's uncovered items by editing it (extra phases inserted before `$finish`).
 - `ChatTeacher(url, model)`: any OpenAI-compatible chat endpoint (POST /v1/chat/completions), for
   users with a large teacher model. Prompts come from common.build_messages / common.refine_messages.
-An HF-model teacher only has to provide the same two methods (`direct`, `refine`).
+- `HFTeacher(model, tok, ...)`: a loaded HF model (optionally one named peft adapter on it) sampled
+  with common.generate on the same prompts (direct: build_messages; refine: the memoryless state
+  refine_messages(task, answer, result)).
+
+Teacher protocol: `direct(tasks, n) -> list[list[str]]` (n answer texts per task) and
+`refine(states) -> list[str]` (one answer per state (task, answer_text, result); result is a SimResult,
+its dict, or None when the answer did not parse, i.e. nothing was simulated).
 
 Strength levels of the template teacher (weakest first):
   minimal  inputs at zero, one reset, a few cycles
@@ -72,6 +78,9 @@ def answer_code(answer_text):
 
 
 def _as_dict(result):
+    """A SimResult or its dict as a dict; None (a parse failure: nothing was simulated) -> {}."""
+    if result is None:
+        return {}
     return result.to_dict() if hasattr(result, "to_dict") else dict(result)
 
 
@@ -544,7 +553,8 @@ def corrupt(task, answer_text, kind, seed=0):
 # ----------------------------------------------------------------------------------------------
 # Teacher protocol: any object with
 #   direct(tasks, n) -> list[list[str]]   n answer texts per task
-#   refine(states)   -> list[str]         one improved answer per (task, answer_text, result) state
+#   refine(states)   -> list[str]         one improved answer per (task, answer_text, result) state;
+#                                         result None = the answer did not parse (nothing simulated)
 
 class TemplateTeacher:
     """Rule-based teacher. `level` is the strength of direct answers; tries differ by seed."""
@@ -559,6 +569,50 @@ class TemplateTeacher:
 
     def refine(self, states):
         return [refine(t, a, r, self.seed) for t, a, r in states]
+
+
+class HFTeacher:
+    """A teacher that is a loaded HF causal LM (common.load_model / common.tiny_model), sampled with
+    common.generate. `adapter_name`: a peft adapter on the model made active for each call (the one
+    active before is restored afterwards), e.g. a teacher adapter next to the student's. Each call uses
+    seed + the call's index, so repeated calls sample differently but a run is reproducible."""
+
+    def __init__(self, model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0,
+                 adapter_name=None, batch_size=64):
+        self.model, self.tok = model, tok
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.seed, self.adapter_name, self.batch_size = seed, adapter_name, batch_size
+        self.calls = 0
+        self.last_completions = []          # the common.Completion objects of the last call
+
+    def _generate(self, messages_list):
+        import common
+        prev = None
+        if self.adapter_name is not None:
+            if self.adapter_name not in getattr(self.model, "peft_config", {}):
+                raise ValueError(f"HFTeacher: the model has no adapter named {self.adapter_name!r}")
+            prev = self.model.active_adapter
+            prev_trainable = any(p.requires_grad for n, p in self.model.named_parameters() if f".{prev}." in n)
+            self.model.set_adapter(self.adapter_name, inference_mode=True)
+        try:
+            comps = common.generate(self.model, self.tok, messages_list, max_new_tokens=self.max_new_tokens,
+                                    temperature=self.temperature, top_p=self.top_p,
+                                    seed=self.seed + self.calls, batch_size=self.batch_size)
+        finally:
+            if prev is not None and prev != self.adapter_name:
+                self.model.set_adapter(prev, inference_mode=not prev_trainable)
+        self.calls += 1
+        self.last_completions = comps
+        return [c.text for c in comps]
+
+    def direct(self, tasks, n=1):
+        import common
+        texts = self._generate([common.build_messages(t) for t in tasks for _ in range(n)])
+        return [texts[i * n:(i + 1) * n] for i in range(len(tasks))]
+
+    def refine(self, states):
+        import common
+        return self._generate([common.refine_messages(t, a, r) for t, a, r in states])
 
 
 class ChatTeacher:

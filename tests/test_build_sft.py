@@ -132,7 +132,9 @@ def test_stage2_uses_states_fn_and_keeps_stage1():
     new = rows[1:]
     assert [r["stage"] for r in new] == [2, 2] and {r["task_id"] for r in new} == {"t0", "t1"}
     t1 = next(r for r in new if r["task_id"] == "t1")          # parse failure state -> teacher answer
-    assert t1["kind"] == "refine_compile" and t1["messages"][2]["content"] == "I cannot write this testbench."
+    assert t1["kind"] == "refine_parse" and t1["messages"][2]["content"] == "I cannot write this testbench."
+    assert t1["messages"][3]["content"] == "FEEDBACK parse_failure"            # refine_messages(..., None)
+    assert st["states_by_status"] == {"ok": 1, "no_code": 1}
 
 
 def build_sft_score(pairs):
@@ -146,3 +148,91 @@ def build_sft_score(pairs):
         else:
             out.append(scripted_score([(t, a)])[0])
     return out
+
+
+def test_sim_score_does_not_simulate_parse_failures():
+    out = build_sft.sim_score([(task(0), "no code here"), (task(0), "filename: tb.sv\n```systemverilog\nmodule tb;\n")])
+    assert [r["status"] for r in out] == ["no_code", "truncated"]
+    assert all(build_sft.is_parse_failure(r) and build_sft.reward(r) == 0.0 for r in out)
+    ok = {"status": "ok", "overall_pct": 40.0, "metrics": {}}
+    assert build_sft.improvement(out[0], ok) == "refine_parse"
+    assert build_sft.improvement(out[1], ok) == "refine_parse"
+    assert build_sft.improvement({"status": "compile_error", "overall_pct": None}, ok) == "refine_compile"
+
+
+def _template_score(pairs):
+    """Scores without a simulator: parse failures as sim_score; usable code = ok 80 %."""
+    out = []
+    for _, a in pairs:
+        p = common.parse_answer(a or "")
+        if p.reason not in ("ok", "no_filename"):
+            out.append(build_sft.parse_failure_result(p.reason))
+        else:
+            out.append({"status": "ok", "overall_pct": 80.0, "uncovered": [], "errors": [],
+                        "metrics": {"block": {"covered": 4, "total": 5, "pct": 80.0}}})
+    return out
+
+
+def test_stage2_from_tiny_model_rollouts():
+    """Stage 2 end to end with a tiny random model: its rollouts are junk (parse failures), the template
+    teacher labels them with its strong template, rows are refine_parse on the memoryless state."""
+    from data import teacher as teacher_mod
+    model, tok = common.tiny_model(seed=0)
+    tasks = [task(0), task(1)]
+    states_fn = build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0)
+    pairs = states_fn(tasks)
+    assert [t["id"] for t, _ in pairs] == ["t0", "t0", "t1", "t1"] and all(isinstance(a, str) for _, a in pairs)
+    assert pairs == build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0)(tasks)   # reproducible
+    stage1 = [{"task_id": "old", "kind": "direct"}]
+    teacher = teacher_mod.TemplateTeacher("strong")
+    rows, st = build_sft.build_stage2(tasks, teacher, stage1, lambda ts: pairs, score_fn=_template_score, rounds=1)
+    assert rows[0] == stage1[0] and st["runs"] == 4 and st["states_by_tag"] == {"fail": 2}
+    assert set(st["runs_by_status"]) <= set(build_sft.PARSE_FAILURES)
+    new = rows[1:]
+    assert [r["kind"] for r in new] == ["refine_parse", "refine_parse"] and [r["stage"] for r in new] == [2, 2]
+    for r, t in zip(new, tasks):
+        state_answer = next(a for tt, a in pairs if tt["id"] == t["id"])         # the first failing run
+        assert r["messages"][:4] == common.refine_messages(t, state_answer, None)
+        assert r["messages"][4]["content"] == build_sft.canonical(teacher_mod.template_answer(t, "strong"))
+        assert r["reward_before"] == 0.0 and r["reward_after"] == pytest.approx(1.8)
+    assert "states_fn_s" in st
+
+
+def _save_tiny(tmp_path):
+    model, tok = common.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    peft_model = common.add_lora(model, r=4, alpha=8)
+    common.save_adapter(peft_model, tmp_path / "a")
+    return str(tmp_path / "m"), str(tmp_path / "a")
+
+
+@pytest.mark.needs_iverilog
+def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
+    """The whole flow through the CLI: 2 synthetic designs, one of them also in the 'eval' file
+    (dropped by --decontaminate), stages 0-1 with the template teacher, stage 2 from a saved tiny
+    model + LoRA adapter (junk rollouts -> refine_parse rows), build_info.json complete."""
+    import json
+    from data.designs import generate_tasks
+    m, a = _save_tiny(tmp_path)
+    train = generate_tasks(2, 0, "train", families=["parity", "decoder"])
+    (tmp_path / "eval.jsonl").write_text(json.dumps(train[1]) + "\n")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train))
+    out = tmp_path / "sft"
+    info = build_sft.main(["--tasks", str(tmp_path / "train.jsonl"), "--decontaminate", str(tmp_path / "eval.jsonl"),
+                           "--out", str(out), "--n", "1", "--rounds", "1", "--fail-fraction", "0", "--workers", "1",
+                           "--stage2-model", m, "--stage2-adapter", a, "--stage2-max-new-tokens", "4",
+                           "--quant", "fp32"])
+    saved = json.loads((out / "build_info.json").read_text())
+    assert saved == json.loads(json.dumps(info))
+    assert saved["decontamination"]["dropped"] == 1 and saved["decontamination"]["kept"] == 1
+    assert saved["decontamination"]["dropped_rows"][0]["id"] == train[1]["id"]
+    assert saved["tasks"] == 1
+    rows = {k: [json.loads(x) for x in (out / f"{k}.jsonl").read_text().splitlines()]
+            for k in ("stage0", "stage1", "stage2")}
+    assert saved["sizes"] == {k: len(v) for k, v in rows.items()}
+    assert saved["sizes_by_kind"]["stage0"] == {"direct": 1}
+    assert saved["sizes_by_kind"]["stage2"].get("refine_parse") == 1
+    assert all(r["task_id"] == train[0]["id"] for v in rows.values() for r in v)
+    assert set(saved["seconds"]) >= {"stage0", "stage1", "stage2", "stage2_rollouts", "total"}
+    assert saved["stage2_policy"]["adapter"] == a and saved["stage2"]["runs"] == 2

@@ -241,3 +241,65 @@ def test_chat_teacher_against_local_server():
     assert path == "/v1/chat/completions" and body["model"] == "big-coder"
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert [m["role"] for m in _Handler.seen[-1][1]["messages"]] == ["system", "user", "assistant", "user"]
+
+
+# ----------------------------------------------------------------------------------------------
+# HFTeacher (a tiny random model: junk text, so only the plumbing is tested)
+
+def _spy_generate(monkeypatch, common):
+    calls = []
+    real = common.generate
+
+    def spy(model, tok, messages_list, **kw):
+        calls.append({"messages": messages_list, "kw": kw,
+                      "active": getattr(model, "active_adapter", None)})
+        return real(model, tok, messages_list, **kw)
+
+    monkeypatch.setattr(common, "generate", spy)
+    return calls
+
+
+def test_hf_teacher_shapes_and_memoryless_refine_prompts(monkeypatch):
+    common = pytest.importorskip("common")
+    monkeypatch.setattr(common, "feedback_message", lambda r: f"FEEDBACK {getattr(r, 'reason', None) or r}")
+    calls = _spy_generate(monkeypatch, common)
+    model, tok = common.tiny_model(seed=0)
+    ht = teacher.HFTeacher(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=3)
+    out = ht.direct(TASKS[1:], n=2)
+    assert len(out) == 2 and all(len(x) == 2 and all(isinstance(a, str) for a in x) for x in out)
+    assert calls[0]["messages"] == [common.build_messages(t) for t in TASKS[1:] for _ in range(2)]
+    assert calls[0]["kw"]["max_new_tokens"] == 4 and calls[0]["kw"]["seed"] == 3
+    weak = teacher.template_answer(TASKS[0], "weak")
+    res = {"status": "ok", "overall_pct": 50.0}
+    states = [(TASKS[0], weak, res), (TASKS[2], out[1][0], None), (TASKS[1], "no code at all", None)]
+    ref = ht.refine(states)
+    assert len(ref) == 3 and all(isinstance(a, str) for a in ref)
+    sent = calls[1]["messages"]
+    assert sent == [common.refine_messages(t, a, r) for t, a, r in states]       # the memoryless state
+    assert [m["role"] for m in sent[0]] == ["system", "user", "assistant", "user"]
+    assert sent[0][:2] == common.build_messages(TASKS[0]) and sent[0][3]["content"] == f"FEEDBACK {res}"
+    assert sent[2][2]["content"] == "no code at all" and sent[2][3]["content"] == "FEEDBACK no_code"
+    assert calls[1]["kw"]["seed"] == 4                                            # seed + call index
+    again = teacher.HFTeacher(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=3)
+    assert again.direct(TASKS[1:], n=2) == out                                    # reproducible
+
+
+def test_hf_teacher_adapter_switch_and_restore(monkeypatch):
+    common = pytest.importorskip("common")
+    pytest.importorskip("peft")
+    calls = _spy_generate(monkeypatch, common)
+    model, tok = common.tiny_model(seed=1)
+    model = common.add_lora(model, r=4, alpha=8, adapter_name="teach")
+    model = common.add_lora(model, r=4, alpha=8, adapter_name="student")       # active and trainable
+    ht = teacher.HFTeacher(model, tok, max_new_tokens=4, temperature=0.0, top_p=1.0, seed=0, adapter_name="teach")
+    assert len(ht.direct(TASKS[:1], n=1)[0]) == 1
+    assert calls[-1]["active"] == "teach"
+    assert model.active_adapter == "student"
+    assert any(p.requires_grad for n, p in model.named_parameters() if ".student." in n)   # still trainable
+    with pytest.raises(ValueError, match="no adapter named"):
+        teacher.HFTeacher(model, tok, adapter_name="nope").direct(TASKS[:1], 1)
+
+
+def test_template_teacher_refines_a_parse_failure_with_strong_template():
+    t = TASKS[1]
+    assert teacher.TemplateTeacher().refine([(t, "junk", None)]) == [teacher.template_answer(t, "strong")]
