@@ -989,6 +989,32 @@ def _assigned_constants(ctx, node, targets):
     return out
 
 
+def _toggle_monitor(pre, toggles):
+    """Toggle monitors of one scope, one process per signal. They compare END-OF-TIMESTEP values (like a
+    VCD): tl = latest value seen; on the first wake-up in a new time step the previous step's final value
+    (tl) is committed against the value committed before it (tp), so zero-time glitches never count.
+    $realtime (a VPI call, the dominant cost) is called once per wake-up, and a monitor whose bits have all
+    risen and fallen stops (`disable`): later changes cannot alter its result, so saturated clocks, counters
+    and datapath bits cost nothing for the rest of the simulation."""
+    out = []
+    for j, (name, tr, tf, _, dims) in enumerate(toggles):
+        tp, tl, tt, tn, blk = (f"{pre}{j}{x}" for x in "plt" "nb")
+        out.append(f"{dims} {tr}, {tf}, {tp}, {tl}; real {tt}, {tn}; initial begin : {blk} {tl} = {name}; "
+                   f"{tt} = $realtime; forever begin @({name}); {tn} = $realtime; if ({tn} != {tt}) begin "
+                   f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); {tp} = {tl}; {tt} = {tn}; "
+                   f"if (&({tr} & {tf}) === 1'b1) disable {blk}; end {tl} = {name}; end end ")
+    return "".join(out)
+
+
+def _toggle_commit(pre, toggles):
+    """The last time step's commit, run in the scope's `final` block."""
+    out = []
+    for j, (_, tr, tf, _, _) in enumerate(toggles):
+        tp, tl = f"{pre}{j}p", f"{pre}{j}l"
+        out.append(f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); ")
+    return "".join(out)
+
+
 def _finish_scope(ctx, sc, start, end, closing_text=""):
     """Declare probes at the scope start; FSM and toggle monitors and the `final` block at its end."""
     tail = list(sc.tail)
@@ -1000,32 +1026,27 @@ def _finish_scope(ctx, sc, start, end, closing_text=""):
         tail.append(_fsm(ctx, sc))
     out_file, tag = f"`__cv{ctx.nonce}_F", f"`__cv{ctx.nonce}_T"     # per-run values from iverilog -D
     fd = f"__cv{ctx.nonce}fd{sc.sid}"
-    toggles, commits = [], []
-    skipped = []
+    toggles, skipped = [], []
     for name, s in sc.signals.items():
         if s["dims"] is None:
             skipped.append(f"{name} ({s['why']})")
             continue
         j = len(toggles)
-        tr, tf, tp, tl, tt = (f"__cv{ctx.nonce}t{sc.sid}_{j}{x}" for x in "rfplt")
-        # Compare END-OF-TIMESTEP values (like a VCD): on the first change in a new time step, commit the
-        # previous step (tp -> tl); zero-time glitches inside one step never count. tl = latest value seen.
-        tail.append(f"{s['dims']} {tr}, {tf}, {tp}, {tl}; real {tt}; initial begin {tl} = {name}; "
-                    f"{tt} = $realtime; forever begin @({name}); if ($realtime != {tt}) begin "
-                    f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); {tp} = {tl}; {tt} = $realtime; end "
-                    f"{tl} = {name}; end end ")
-        toggles.append((name, tr, tf, s["line"]))
-        commits.append(f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); ")   # the last step
+        toggles.append((name, f"__cv{ctx.nonce}t{sc.sid}_{j}r", f"__cv{ctx.nonce}t{sc.sid}_{j}f", s["line"], s["dims"]))
+    commits = []
+    if toggles:
+        tail.append(_toggle_monitor(f"__cv{ctx.nonce}t{sc.sid}_", toggles))
+        commits = [_toggle_commit(f"__cv{ctx.nonce}t{sc.sid}_", toggles)]
     if skipped:
         _note(ctx, f"toggle: not scored in {sc.module}: {_short(', '.join(skipped), 200)}")
-    sc.signals = {name: {"line": line, "index": j} for j, (name, _, _, line) in enumerate(toggles)}
+    sc.signals = {name: {"line": line, "index": j} for j, (name, _, _, line, _) in enumerate(toggles)}
     if sc.probes:
         probe_fmt, probe_args = "%b", ", {" + ", ".join(sc.probes) + "}"
     else:
         probe_fmt, probe_args = "-", ""
     if toggles:
         tog_fmt = ",".join("%b,%b" for _ in toggles)
-        tog_args = "".join(f", {tr}, {tf}" for _, tr, tf, _ in toggles)
+        tog_args = "".join(f", {tr}, {tf}" for _, tr, tf, _, _ in toggles)
     else:
         tog_fmt, tog_args = "-", ""
     tail.append(f"integer {fd}; final begin {''.join(commits)}{fd} = $fopen({out_file}, \"a\"); "
