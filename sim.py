@@ -8,7 +8,8 @@ How it works (three layers, each testable alone):
      for block/branch/expression/FSM items, per-signal toggle monitors, and per scope (module body or
      generate block) a `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
      never contains a newline, so file:line in messages is the ORIGINAL file and line. Cached by content hash.
-     `check_testbench` pre-scans the testbench. `build_script`/`bwrap_argv` turn a run into argv lists.
+     `check_testbench` pre-scans the testbench (cached per testbench+DUT+inst hash).
+     `build_script`/`bwrap_argv` turn a run into argv lists.
   2. Run. `run_job_dir` owns the one subprocess: ONE bubblewrap start per run running a tiny sh script
      that sets resource limits, compiles (iverilog) and simulates (timeout -s INT ... vvp -n ... -none).
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
@@ -121,6 +122,7 @@ NOFILE_LIMIT = 256              # RLIMIT_NOFILE: open files
 KILL_AFTER_S = 3                # timeout -k: SIGKILL this long after SIGINT
 BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeouts
 PREPARE_CACHE_SIZE = 128        # prepared DUTs kept per process
+PRESCAN_CACHE_SIZE = 512        # pre-scan results kept per process (keyed by testbench + DUT + inst)
 # pure system functions allowed inside re-evaluated expression terms (everything else is skipped)
 PURE_SYSTEM_FUNCS = {"$signed", "$unsigned", "$clog2", "$bits", "$countones", "$onehot", "$onehot0",
                      "$isunknown", "$size", "$high", "$low", "$left", "$right"}
@@ -1082,9 +1084,29 @@ UNSUPPORTED_TOKENS = {
 }
 
 
+_PRESCAN_CACHE = {}
+
+
 def check_testbench(tb, prepared, inst):
     """Pre-scan a testbench. Returns (forbidden, hints, diags): forbidden errors reject the run; hints are
-    constructs Icarus 11 cannot run (shown if it then fails); diags are pyslang's syntax errors."""
+    constructs Icarus 11 cannot run (shown if it then fails); diags are pyslang's syntax errors.
+    The result depends only on the testbench text, the prepared DUT (its file and module names) and the
+    instance name, so it is cached per process on their hash (RL and evaluation re-score identical
+    testbenches); every call returns fresh copies, so callers may modify what they get."""
+    key = hashlib.sha256(tb.encode("utf-8", "surrogatepass") + b"\0" + prepared.key.encode() + b"\0"
+                         + inst.encode("utf-8", "surrogatepass")).digest()
+    hit = _PRESCAN_CACHE.get(key)
+    if hit is None:
+        hit = _check_testbench(tb, prepared, inst)
+        if PRESCAN_CACHE_SIZE <= 0:
+            return hit
+        if len(_PRESCAN_CACHE) >= PRESCAN_CACHE_SIZE:
+            _PRESCAN_CACHE.pop(next(iter(_PRESCAN_CACHE)))
+        _PRESCAN_CACHE[key] = hit
+    return tuple([dict(e) for e in lst] for lst in hit)
+
+
+def _check_testbench(tb, prepared, inst):
     forbidden, hints = [], []
 
     def err(lst, line, msg, col=0):

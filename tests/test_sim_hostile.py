@@ -168,3 +168,18 @@ def test_fallback_without_bubblewrap_still_scores(monkeypatch):
     assert res.status == sim.OK and res.versions["sandbox"] == "none"
     assert any("ran with rlimits + timeout only" in n for n in res.notes)
     assert "bwrap" not in res.command
+
+
+def test_prescan_cache_is_keyed_and_returns_copies():
+    prepared = sim.prepare_dut(COUNTER, "counter")
+    tb = HEAD + '  initial begin #20 force uut.q = 4\'hF; $system("x"); end\nendmodule\n'
+    first = sim.check_testbench(tb, prepared, "uut")
+    assert first[0] and any("$system" in e["msg"] for e in first[0])
+    first[0][0]["msg"] = "mutated"           # a caller changing its copy must not change the cached result
+    first[0].clear()
+    again = sim.check_testbench(tb, prepared, "uut")
+    assert again[0] and all(e["msg"] != "mutated" for e in again[0])
+    # another instance name is another key: writing into `other.q` is not into the DUT instance `uut`
+    other = sim.check_testbench(tb, prepared, "other")
+    assert not any("DUT hierarchy" in e["msg"] for e in other[0])
+    assert any("DUT hierarchy" in e["msg"] for e in again[0])
