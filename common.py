@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -791,8 +792,7 @@ def _fast_state(model):
     meta = {"hq": cfg.num_attention_heads, "hkv": cfg.num_key_value_heads, "d": at.head_dim,
             "scale": at.scaling, "eps": hf.model.norm.variance_epsilon,
             "qk_eps": getattr(getattr(at, "q_norm", None), "variance_epsilon", None), "dtype": W["embed"].dtype}
-    st = {"key": key, "W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb,
-          "pool": torch.cuda.graph_pool_handle() if W["embed"].is_cuda else None}
+    st = {"key": key, "W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb}
     hf.__dict__["_chorus_fast"] = st  # plain attribute, not a submodule or buffer
     return st
 
@@ -916,6 +916,8 @@ def _get_slot(st, B, L, device):
     if slot is not None and slot["L"] >= L:
         return slot
     L = BUCKET * math.ceil(L / BUCKET)
+    if device.type == "cuda":
+        torch.cuda.synchronize()       # nothing may still run on a slot whose graphs are dropped
     slots.pop(B, None)
     while len(slots) >= 2:
         slots.pop(next(iter(slots)))
@@ -924,7 +926,11 @@ def _get_slot(st, B, L, device):
     hf_rot = st["rotary"]
     with torch.no_grad():
         cos, sin = hf_rot(torch.zeros(1, dtype=dt, device=device), torch.arange(L, device=device)[None])
+    # Each slot has its own graph memory pool: its graphs are captured one after another and dropped
+    # together. (One pool shared across slots broke a later capture once an evicted slot's graphs were
+    # freed: CUDACachingAllocator "use_count > 0" assert, seen on an H200 with torch 2.11.)
     slot = {"L": L, "graphs": {},
+            "pool": torch.cuda.graph_pool_handle() if device.type == "cuda" else None,
             "k": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
             "v": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
             "cos": cos[0].to(dt), "sin": sin[0].to(dt),
@@ -950,7 +956,7 @@ def _capture(st, slot, Lb, temperature, top_p):
     for k, v in zip(("tok", "col", "pos"), saved):
         slot[k].copy_(v)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=st["pool"], capture_error_mode="thread_local"):
+    with torch.cuda.graph(g, pool=slot["pool"], capture_error_mode="thread_local"):
         _decode_step(st, slot, Lb, temperature, top_p)
     return g
 
@@ -1014,10 +1020,15 @@ def _fast_batch(st, tok, batch, P, L, device, gen, max_new_tokens, temperature, 
             Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
             if sampling:
                 slot["noise"].exponential_(generator=gen)
-            if use_graphs:
-                gkey = (Lb, temperature, top_p)
-                if gkey not in slot["graphs"]:
+            gkey = (Lb, temperature, top_p)
+            if use_graphs and gkey not in slot["graphs"]:
+                try:
                     slot["graphs"][gkey] = _capture(st, slot, Lb, temperature, top_p)
+                except RuntimeError as e:   # never lose a generation to a capture failure: run eagerly
+                    print(f"[common] CUDA graph capture failed ({str(e)[:120]}); fast path continues "
+                          "without graphs for this batch size", file=sys.stderr)
+                    use_graphs = False
+            if use_graphs:
                 slot["graphs"][gkey].replay()
             else:
                 _decode_step(st, slot, Lb, temperature, top_p, record)
