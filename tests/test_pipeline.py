@@ -1,0 +1,155 @@
+"""The whole-pipeline command (chorus_mini.py run): --set parsing, stage markers, resume, --from, report.
+
+    python -m pytest -q tests/test_pipeline.py            # ~40 s on 2 quiet cores, ~2.5 min on busy ones
+    python -m pytest -q tests/test_pipeline.py -m "not slow"
+
+The pipeline test runs every stage on the tiny random model (--set model=tiny) with 2 synthetic eval tasks.
+Its stage commands run in this interpreter (runpy) instead of subprocesses: each subprocess would pay ~8 s of
+torch/transformers imports on 2 cores, ~30 of them. The subprocess path (execute: tee to the log, exit code,
+peak RSS) is tested on its own with a command that imports no torch.
+"""
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+import chorus_mini as cm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -----------------------------------------------------------------------------
+# --set
+
+def test_set_parses_types():
+    base = cm.PROFILES["smoke"]
+    c = cm.apply_overrides(base, ["rl_steps=7", "sft_lr=1", "grad_ckpt=true", "model=tiny", "merge_rank=32",
+                                  "sft_limit=None", "eval_tasks=../x/y.jsonl", "quant='4bit'"])
+    assert c["rl_steps"] == 7 and isinstance(c["rl_steps"], int)
+    assert c["sft_lr"] == 1.0 and isinstance(c["sft_lr"], float)        # int accepted for a float
+    assert c["grad_ckpt"] is True
+    assert c["model"] == "tiny" and c["merge_rank"] == 32 and c["sft_limit"] is None
+    assert c["eval_tasks"] == "../x/y.jsonl" and c["quant"] == "4bit"
+    assert base["rl_steps"] != 7                                         # the profile itself is untouched
+    assert cm.apply_overrides(base, ["model=123"])["model"] == "123"    # a str key keeps numbers as text
+    assert cm.apply_overrides(base, ["model=None"])["model"] is None    # nullable: None in some profile
+
+
+@pytest.mark.parametrize("item, message", [
+    ("rl_stepz=3", "unknown key 'rl_stepz'"),
+    ("rl_steps=2.5", "expected int, got float"),
+    ("rl_steps=many", "expected int, got str"),
+    ("rl_steps=None", "expected int, got NoneType"),     # not nullable: no profile has None
+    ("grad_ckpt=1", "expected bool, got int"),
+    ("rl_steps", "expected key=value"),
+])
+def test_set_rejects(item, message):
+    with pytest.raises(SystemExit) as e:
+        cm.apply_overrides(cm.PROFILES["smoke"], [item])
+    assert message in str(e.value) and "\n" not in str(e.value)       # one line
+
+
+def test_profiles_share_keys():
+    keys = set(cm.PROFILES["smoke"])
+    for name, profile in cm.PROFILES.items():
+        assert set(profile) == keys, name
+    assert cm.PROFILES["4b"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and cm.PROFILES["4b"]["quant"] == "4bit"
+    assert set(cm.NEEDS) <= set(cm.STAGES)
+
+
+# -----------------------------------------------------------------------------
+# running one command
+
+def test_execute_tees_output_and_reports_failure(tmp_path):
+    log = tmp_path / "stdout.log"
+    code, rss, gpu = cm.execute(cm.Cmd(["python", "data/designs.py", "--list"]), log)
+    assert code == 0 and rss > 0
+    text = log.read_text()
+    assert "$ python data/designs.py --list" in text and "alu" in text
+    ctx = type("Ctx", (), {"out": tmp_path, "only": set()})()
+    with pytest.raises(SystemExit) as e:        # designs.py without --out exits 2
+        cm.run_stage(ctx, "data", [cm.Cmd(["python", "data/designs.py", "--n", "1"])])
+    assert "stage data failed (exit 2)" in str(e.value) and "python data/designs.py --n 1" in str(e.value)
+    assert not (tmp_path / "data" / "done.json").exists()
+
+
+def test_only_needs_upstream_stages(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cm.main(["run", "--profile", "smoke", "--out", str(tmp_path), "--only", "rl0", "--set", "model=tiny"])
+    assert "stage rl0 needs sft0" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        cm.main(["run", "--out", str(tmp_path), "--only", "rl9"])
+    assert "unknown stage 'rl9'" in str(e.value)
+
+
+# -----------------------------------------------------------------------------
+# the whole pipeline on the tiny model
+
+def in_process(cmd, log_path):
+    """cm.execute without the subprocess: the script runs here as __main__ with its argv."""
+    executed.append(str(cmd))
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {cmd}\n")
+    if cmd.fn is not None:
+        cmd.fn()
+        return 0, None, None
+    script, *argv = cmd.argv[1:]
+    saved = sys.argv, os.getcwd()
+    sys.argv = [script, *argv]
+    os.chdir(ROOT)
+    try:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved[0]
+        os.chdir(saved[1])
+    return code, None, None
+
+
+executed = []
+TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=no/such.jsonl",
+        "--set", "sim_workers=2", "--set", "max_new_tokens=24"]
+
+
+@pytest.mark.slow
+@pytest.mark.needs_iverilog
+def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cm, "execute", in_process)
+    out = tmp_path / "run"
+    assert cm.main(["run", "--out", str(out), *TINY]) == 0
+    text = capsys.readouterr().out
+    assert "eval tasks are the synthetic validation tasks" in text        # no such eval file -> val tasks
+    for stage in cm.STAGES:
+        assert (out / stage / "done.json").is_file(), stage
+        record = json.loads((out / stage / "done.json").read_text())
+        assert record["stage"] == stage and record["seconds"] >= 0 and record["commands"]
+        if stage != "report":
+            assert (out / stage / "result.json").is_file(), stage
+    for name in cm.model_adapters(out):                                  # every model was evaluated
+        metrics = json.loads((out / "eval" / name / "metrics.json").read_text())
+        assert "direct" in metrics and "agentic" in metrics, name
+    assert "$ python rl.py --adapter" in (out / "rl0" / "stdout.log").read_text()
+    md = (out / "report" / "report.md").read_text()
+    assert "smoke run" in md and "oracle union of the 3 experts" in md and "OPD, gate + RL fallback" in md
+    assert "How this run differs from the paper" in md
+    rep = json.loads((out / "report" / "report.json").read_text())
+    assert rep["smoke"] and set(rep["table"]) >= {"base", "rl0", "oracle", "soup", "opd_rlfb"}
+    assert (out / "report" / "experts_heatmap.png").is_file() and (out / "report" / "rl0_curves.png").is_file()
+
+    # a second run finds every done.json and runs nothing
+    executed.clear()
+    assert cm.main(["run", "--out", str(out), *TINY]) == 0
+    assert executed == []
+    assert capsys.readouterr().out.count(": done, skipped") == len(cm.STAGES)
+
+    # --from compare redoes compare and report only
+    before = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
+    assert cm.main(["run", "--out", str(out), "--from", "compare", *TINY]) == 0
+    after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
+    assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
+    assert [c.split()[2] for c in executed] == ["compare", "compare", "report"]
