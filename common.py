@@ -325,6 +325,8 @@ def load_model(name_or_path=None, *, quant="auto", device=None, cache_dir=None):
     SmolLM2-135M-Instruct GGUF, converted once to a cached HF folder). Prints device/dtype and why.
     The model is returned in eval mode; training code calls .train() itself."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    if name_or_path == "tiny":          # the random test model, accepted by every script's --model
+        return tiny_model()
     path = name_or_path or default_model_path()
     if str(path).endswith(".gguf"):
         path = gguf_to_hf_folder(path, cache_dir)

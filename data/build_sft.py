@@ -408,8 +408,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if bool(args.tasks) == bool(args.synthetic):
         ap.error("give exactly one of --tasks FILE or --synthetic N")
-    if args.stage2_adapter and not args.stage2_model:
-        ap.error("--stage2-adapter needs --stage2-model")
     if args.teacher_adapter and not args.teacher_hf:
         ap.error("--teacher-adapter needs --teacher-hf")
     if args.teacher_url and not args.teacher_model:
@@ -446,7 +444,7 @@ def main(argv=None):
     else:
         teacher = teacher_mod.TemplateTeacher(args.level, args.seed)
     states_fn = None
-    if args.stage2_model:
+    if args.stage2_model or args.stage2_adapter:   # no --stage2-model: the bundled SmolLM2
         sm, st = _load_model_and_adapter(args.stage2_model, args.stage2_adapter, args.quant)
         states_fn = model_states_fn(sm, st, n=args.stage2_n, max_new_tokens=args.stage2_max_new_tokens,
                                     temperature=args.stage2_temperature, top_p=args.stage2_top_p, seed=args.seed)
