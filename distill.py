@@ -439,7 +439,6 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         if pool is not None:
             pool.close()
 
-    common.save_adapter(model, str(out / "adapter"))
     steps_with = lambda k: [r[k] for r in log if r.get(k) is not None]
     mean_over_steps = lambda k: sum(steps_with(k)) / len(steps_with(k)) if steps_with(k) else None
     outcome = {"reward_last": log[-1].get("reward") if log else None,
@@ -447,12 +446,9 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                                                   "opd/log_ratio", "opd/b")},
                **{k: sum(steps_with(k)) for k in ["opd_groups", "rl_groups", "skipped_groups"]
                   + [f"teacher_chosen/t{t}" for t in range(len(names))]}}
-    result = {"config": user_config, "outcome": outcome,
-              "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}}
-    (out / "result.json").write_text(json.dumps(result, indent=1))
-    done = {"step": step, "adapter": "adapter", "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (out / "done.json").write_text(json.dumps(done, indent=1))   # written last: its presence means complete
-    return done
+    return rl.finish_run(out, model, step, {
+        "config": user_config, "outcome": outcome,
+        "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}})
 
 
 def main(argv=None):

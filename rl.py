@@ -959,14 +959,20 @@ def run(args, *, source=None, score_fn=None, tasks=None):
         if pool is not None:
             pool.close()
 
-    common.save_adapter(model, str(out / "adapter"))
     last = log[-1] if log else {}
-    result = {"config": user_config,
-              "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
-              "outcome": {k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}}
+    return finish_run(out, model, step, {
+        "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
+        "outcome": {k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}})
+
+
+def finish_run(out, model, step, result):
+    """End of a training run (rl.py, distill.py): the final adapter (bf16 peft folder), result.json
+    (config / setup / outcome), then done.json, written last: its presence means the run is complete."""
+    import common
+    common.save_adapter(model, str(out / "adapter"))
     (out / "result.json").write_text(json.dumps(result, indent=1))
     done = {"step": step, "adapter": "adapter", "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (out / "done.json").write_text(json.dumps(done, indent=1))   # written last: its presence means complete
+    (out / "done.json").write_text(json.dumps(done, indent=1))
     return done
 
 
