@@ -483,8 +483,8 @@ def _prepare_kbit(model):
 def add_lora(model, r=16, alpha=32, dropout=0.05, adapter_name="default"):
     """Add a trainable LoRA adapter on every linear layer except the output head (peft 'all-linear')
     and make it the active one. Returns the PeftModel (the input when it already is one).
-    A 4-bit base is first prepared for k-bit training (norms in fp32, input grads on), once."""
-    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+    A 4-bit base is first prepared for k-bit training once (_prepare_kbit)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear",
                      task_type="CAUSAL_LM")
     if isinstance(model, PeftModel):

@@ -316,7 +316,6 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     """Train. source (rl.py's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
     timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
     (tests pass scripted ones); score_fn replaces only the scorer of both."""
-    import common
     from tqdm import tqdm
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,6 @@ Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same
 split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
 tuned on one and reported on the other.
 """
-import argparse
 import hashlib
 import itertools
 import json

@@ -865,7 +865,6 @@ def parse_args(argv=None):
 def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
-    import common
     from tqdm import tqdm
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

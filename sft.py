@@ -27,7 +27,6 @@ than 1e-5; the cutoff is 4096 tokens rather than 40960.
 import argparse
 import json
 import math
-import os
 import random
 import shutil
 import time

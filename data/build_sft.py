@@ -43,7 +43,6 @@ total), decontamination (eval files, threshold, dropped ids with their F1) and s
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
