@@ -161,14 +161,14 @@ PROFILES["small"] = {
 PROFILES["4b"] = {
     **PROFILES["small"],
     "model": "Qwen/Qwen3-4B-Instruct-2507",  # the paper's student (HF id; needs the hub or a local copy)
-    "quant": "4bit",           # nf4 base + LoRA (QLoRA); to be confirmed by bench/bench_4b.py
+    "quant": "4bit",           # nf4 base + LoRA (QLoRA): 2.6 GiB resident for 4B (results/bench.md)
     "lora_r": 16,              # bench_4b.py measured r=16 on every linear layer
-    "grad_ckpt": True,         # to be confirmed by bench/bench_4b.py
+    "grad_ckpt": True,         # measured: SFT at 4k tokens 8.1 GiB with it, OOM at 24 GiB without
     "sim_workers": 8,
-    "gen_batch_size": 16,      # KV cache of 4096-token responses; to be confirmed by bench/bench_4b.py
-    "max_tokens_per_micro": 8192,  # to be confirmed by bench/bench_4b.py
+    "gen_batch_size": 16,      # measured: fast path at batch 64 OOMs under 24 GiB; G=4 x 4096 tok peaks 23.6 GiB (open)
+    "max_tokens_per_micro": 8192,  # measured at 16384: DAPO/OPD steps 11.9 GiB once rl.py --release-fast frees the decoder
     "eval_max_chars": 40000,   # Qwen3 has a 32k+ context
-    "sft_batch_size": 1,       # 1 row x 4096 tokens per micro-batch; to be confirmed by bench/bench_4b.py
+    "sft_batch_size": 1,       # 1 row x 4096 tokens per micro-batch (measured: fits, see grad_ckpt)
     "sft_grad_accum": 24,      # 24 rows per step = the paper's global batch
     "sft_lr": 1e-4,
     "max_new_tokens": 4096,    # paper: 16384; bench_4b.py measured 4096
