@@ -31,6 +31,12 @@ import torch.nn.functional as F
 # 1. device, dtype, seed, cache folder
 
 
+def gpu_peak_mib():
+    """Peak GPU memory this process allocated through torch (MiB), or None without CUDA. Stages record
+    it in result.json (setup.gpu_peak_mib) for the report's per-stage memory column."""
+    return torch.cuda.max_memory_allocated() // 2**20 if torch.cuda.is_available() else None
+
+
 def pick_device():
     """'cuda' when a GPU is visible, else 'cpu'. The single place the kit decides the device."""
     return "cuda" if torch.cuda.is_available() else "cpu"

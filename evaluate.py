@@ -282,7 +282,8 @@ def write_eval(out_dir, samples, metrics, config):
                 for mode, m in metrics.items() if mode in ("direct", "agentic")}
     (out / "result.json").write_text(json.dumps(
         {"config": config, "setup": {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
-                                     "seed": metrics["seed"]}, "outcome": headline}, indent=1))
+                                     "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()},
+         "outcome": headline}, indent=1))
     (out / "done.json").write_text(json.dumps({"metrics": "metrics.json"}))
 
 

@@ -969,6 +969,7 @@ def finish_run(out, model, step, result):
     (config / setup / outcome), then done.json, written last: its presence means the run is complete."""
     import common
     common.save_adapter(model, str(out / "adapter"))
+    result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
     (out / "result.json").write_text(json.dumps(result, indent=1))
     done = {"step": step, "adapter": "adapter", "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     (out / "done.json").write_text(json.dumps(done, indent=1))

@@ -363,7 +363,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
                "last_step_loss": recs[-1]["loss"] if recs else None,
                "time_s": round(time.time() - t0, 2)}
-    result = {"config": config, "setup": setup, "outcome": outcome}
+    result = {"config": config, "setup": {**setup, "gpu_peak_mib": common.gpu_peak_mib()}, "outcome": outcome}
     plot_loss(log_path, out_dir / "loss.png")
     if finished:
         common.save_adapter(model, str(out_dir / "adapter"))
