@@ -137,7 +137,7 @@ PROFILES["small"] = {
     "sft_rounds": 2,           # build_sft default
     "stage2_n": 2,             # build_sft default
     "sft_limit": None,         # all rows (a few hundred per stage)
-    "sft_epochs": 2,           # small model, small data: 2 passes
+    "sft_epochs": 3,           # 84 rows x 2 epochs (22 steps) left SynPass at 0 on the H200 (results/gpu_validation.md)
     "sft_batch_size": 4,       # rows per micro-batch
     "sft_grad_accum": 4,       # 16 rows per step
     "sft_max_len": 4096,       # sft.py default
