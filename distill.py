@@ -317,14 +317,9 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
     (tests pass scripted ones); score_fn replaces only the scorer of both."""
     from tqdm import tqdm
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "done.json").exists():
-        print(f"{out}/done.json exists: nothing to do")
-        return json.loads((out / "done.json").read_text())
-    ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
-    if rl.latest_checkpoint(ckpt_dir) and not args.resume:
-        raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
+    out, ckpt_dir, log_path, done = rl.start_run(args)
+    if done is not None:
+        return done
     student, teachers = choose_experts(args.student, args.teachers, args.val_metrics)
     if args.lr is None:
         args.lr = inherited_lr(student)

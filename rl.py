@@ -866,14 +866,9 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
     from tqdm import tqdm
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "done.json").exists():
-        print(f"{out}/done.json exists: nothing to do")
-        return json.loads((out / "done.json").read_text())
-    ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
-    if latest_checkpoint(ckpt_dir) and not args.resume:
-        raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
+    out, ckpt_dir, log_path, done = start_run(args)
+    if done is not None:
+        return done
     user_config = vars(args).copy()
     print("rl.py config: " + json.dumps(user_config))
     if tasks is None:
@@ -962,6 +957,21 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     return finish_run(out, model, step, {
         "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
         "outcome": {k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}})
+
+
+def start_run(args):
+    """Start of a training run (rl.py, distill.py): OUT folder, its ckpt/ and log.jsonl paths, and the
+    contents of done.json when the run is already complete (None otherwise). Refuses to mix a new run
+    into a folder with checkpoints unless --resume."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "done.json").exists():
+        print(f"{out}/done.json exists: nothing to do")
+        return out, out / "ckpt", out / "log.jsonl", json.loads((out / "done.json").read_text())
+    ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
+    if latest_checkpoint(ckpt_dir) and not args.resume:
+        raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
+    return out, ckpt_dir, log_path, None
 
 
 def finish_run(out, model, step, result):
