@@ -477,7 +477,8 @@ def opd_cmd(c, o, model, variant):
     return Cmd(["python", "distill.py", "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
                 "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / variant),
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
-                      group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"]),
+                      group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
+                      cursor_start=c["rl_steps"] * c["rl_prompts"]),   # continue on prompts RL has not used
                 *OPD_VARIANTS[variant], *common_train_opts(c)])
 
 
@@ -689,8 +690,9 @@ def report(out):
           f"- Budgets: SFT {c.get('sft_epochs')} epoch(s); RL {c.get('rl_steps')} steps x {c.get('rl_prompts')} prompts "
           f"x G={c.get('rl_group')} (paper 1000 x 2 x 4); OPD {c.get('opd_steps')} steps (paper 100); responses "
           f"<= {c.get('max_new_tokens')} tokens (paper 16384); eval n={n}, {c.get('eval_rounds')} rounds (paper 5, 3).",
-          "- OPD reuses the RL training tasks in the same order (the paper continues on new prompts); teachers are "
-          "adapters on one base, not SGLang servers.", ""]
+          "- OPD continues in the RL task order after the prompts RL used (like the authors' dataset offset), on the "
+          "same small task pool, so with few tasks it wraps around to prompts RL has seen; teachers are adapters on "
+          "one base, not SGLang servers.", ""]
     (r / "report.md").write_text("\n".join(L))
     (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "paper": PAPER,
                                                "oracle": experts and experts["oracle"], "stages": stages,

@@ -294,6 +294,9 @@ def parse_args(argv=None):
     p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
     p.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
     p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    p.add_argument("--cursor-start", type=int, default=0,
+                   help="first position in the seeded task order: OPD continues on prompts RL has not used "
+                        "(the authors' --dataset-step-offset; the pipeline passes RL steps x prompts per step)")
     return p.parse_args(argv)
 
 
@@ -339,7 +342,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
           + ", ".join(f"t{i}={t}" for i, t in enumerate(teachers))
           + f" | gate {'off' if args.no_gate else f'{args.gate_stat} + eps {args.eps}'}, on fail {args.on_fail}")
 
-    step, cursor, log, resumed_step = 0, 0, [], None
+    step, cursor, log, resumed_step = 0, args.cursor_start, [], None
     ckpt = rl.latest_checkpoint(ckpt_dir) if args.resume else None
     if ckpt:
         meta = rl.load_checkpoint(ckpt, model, optimizer)

@@ -426,3 +426,19 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path
     la, lb = ([json.loads(l) for l in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in "ab")
     keys = ("reward", "gate_pass_rate", "opd/log_ratio", "opd/b", "loss", "grad_norm", "cursor")
     assert len(lb) == 2 and [[r.get(k) for k in keys] for r in la] == [[r.get(k) for k in keys] for r in lb]
+
+
+def test_cursor_start_continues_after_the_prompts_rl_used(experts, tmp_path):
+    """--cursor-start N: OPD's first step takes the tasks at positions N.. of the seeded RL order."""
+    paths, _, tok = experts
+    tasks, (p, q, x, y), table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    seen = []
+
+    def recording_source(model, tok_, step_tasks, *, step, first_index):
+        seen.append((first_index, [t["id"] for t in step_tasks]))
+        return source(model, tok_, step_tasks, step=step, first_index=first_index)
+    out = tmp_path / "offset"
+    distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                      "--cursor-start", "2"), source=recording_source, teacher_source=teacher_source, tasks=tasks)
+    assert seen == [(2, [x, y])]
