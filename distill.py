@@ -287,13 +287,7 @@ def parse_args(argv=None):
     p.add_argument("--epsilon-high", type=float, default=0.28, help="DAPO clip-higher, as in RL")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--max-tokens-per-micro", type=int, default=16384, help="padded tokens per micro-batch")
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    # Runtime
-    p.add_argument("--seed", type=int, default=42, help="paper: 42")
-    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps (and at the end)")
-    p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
-    p.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
-    p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    rl.add_runtime_args(p, save_every=10)
     p.add_argument("--cursor-start", type=int, default=0,
                    help="first position in the seeded task order: OPD continues on prompts RL has not used "
                         "(the authors' --dataset-step-offset; the pipeline passes RL steps x prompts per step)")

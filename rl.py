@@ -846,13 +846,7 @@ def parse_args(argv=None):
     p.add_argument("--max-extra-prompts", type=int, default=None, help="refill cap per step (default 2 x P)")
     p.add_argument("--overlong-buffer", type=int, default=None, help="DAPO soft overlong punishment buffer in tokens; 0 = off")
     p.add_argument("--kl-beta", type=float, default=None, help="k3 KL to the initial adapter; 0 = off (paper)")
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    # Runtime
-    p.add_argument("--seed", type=int, default=42, help="paper: 42")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
-    p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
-    p.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    add_runtime_args(p, save_every=50)
     args = p.parse_args(argv)
     for k, v in PROFILES[args.profile].items():
         if getattr(args, k) is None:
@@ -909,7 +903,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             if step > 0 and (last_step or step % args.save_every == 0) and step != resumed_step:
                 save_checkpoint(ckpt_dir, step, model, optimizer,
                                 {"user_config": user_config, "cursor": cursor, "log": log}, args.keep_last)
-            if log and (last_step or step % args.plot_every == 0):
+            if log and args.plot_every and (last_step or step % args.plot_every == 0):
                 plot_log(log, out / "curves.png")
             if last_step:
                 break
@@ -957,6 +951,17 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     return finish_run(out, model, step, {
         "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
         "outcome": {k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}})
+
+
+def add_runtime_args(p, save_every):
+    """The runtime flags rl.py and distill.py share: checkpointing, seed, plots, resume."""
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--seed", type=int, default=42, help="paper: 42")
+    g.add_argument("--save-every", type=int, default=save_every, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
+    g.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
+    g.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
 
 
 def start_run(args):
