@@ -101,6 +101,8 @@ PROFILES = {
         "rl_group": 2,             # G samples per group (paper: 4)
         "rl_rounds": 2,            # groups per prompt: round 1 + worst-state refinement (paper: 2)
         "rl_lr": 2e-5,             # LoRA; paper 1e-6 full FT
+        "gen_chunk": 1,            # prompts per generate call in rl/distill (simulation of one chunk overlaps the next)
+        "rl_max_extra_prompts": None,   # dynamic-sampling refill cap per step (None = rl.py's 2 x prompts)
         "save_every": 10,          # checkpoint every N steps in rl/distill (and at the end)
         # merges (merge.py)
         "merge_space": "adapter",  # adapter = merge the A's and B's (cheap, approximate); delta = exact B_i A_i, then SVD
@@ -117,39 +119,47 @@ PROFILES = {
         "val_rounds": 0,           # refinement rounds on validation (0 = direct)
         "eval_n": 1,               # samples per eval task (paper: 5)
         "eval_rounds": 1,          # refinement rounds after the first (paper: 3)
-        "eval_models": "all",      # 'all' or a comma list of model names (base,sft0,...,opd_rlfb)
+        "eval_models": "all",      # 'all' or a comma list (base,sft0,...,opd_rlfb): evaluates just those models,
+                                   # needing just their stages; the eval stage completes once all are done
     },
 }
 
-# One H200, SmolLM2-135M: budgets that keep every stage command under ~10 minutes (estimates until the
-# first GPU run measures them; long stages checkpoint, and `run` again continues them).
+# One H200, SmolLM2-135M: budgets sized to the 30 minutes of GPU time a working session has (see
+# bench/gpu/run_small.sh, which spreads the stages over the GPUs of one machine); long stages checkpoint,
+# and `run` again continues them.
 PROFILES["small"] = {
     **PROFILES["smoke"],
     "sim_workers": 14,         # 16 cores: leave two for the GPU process
+    "grad_ckpt": False,        # a 135M model's activations fit an H200 easily; recomputing them costs time
+    "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call
     "max_tokens_per_micro": 16384,  # rl.py / distill.py default
-    "train_tasks": 400,        # -> about 350 after decontamination; SFT rows and the RL prompt pool
+    "train_tasks": 400,        # -> about 370 after decontamination; SFT rows and the RL prompt pool
     "train_families": "",      # all 25 train families
     "val_tasks": 40,           # held-out families
     "val_families": "",        # all 5 held-out families
-    "eval_limit": 50,          # fixed reporting subset of the dev set
-    "eval_max_chars": 9000,    # prompt + 3 refinement states + 1536 new tokens fit SmolLM2's 8192 context
+    "eval_limit": 40,          # fixed reporting subset of the dev set (sized to the GPU budget)
+    "eval_max_chars": 9000,    # prompt + 3 refinement states + the new tokens fit SmolLM2's 8192 context
     "sft_tries": 2,            # build_sft default
     "sft_rounds": 2,           # build_sft default
     "stage2_n": 2,             # build_sft default
-    "sft_limit": None,         # all rows (a few hundred per stage)
+    "sft_limit": None,         # all rows (~370 in stage 0, ~1,000 in stages 1 and 2)
     "sft_epochs": 3,           # 84 rows x 2 epochs (22 steps) left SynPass at 0 on the H200 (results/gpu_validation.md)
-    "sft_batch_size": 4,       # rows per micro-batch
-    "sft_grad_accum": 4,       # 16 rows per step
+    "sft_lr": 5e-4,            # LoRA on a 135M model; 2e-4 moved it too little in the first GPU check
+    "sft_batch_size": 16,      # rows per micro-batch (no accumulation needed on an H200)
+    "sft_grad_accum": 1,       # 16 rows per step
     "sft_max_len": 4096,       # sft.py default
-    "max_new_tokens": 1536,    # most template-style testbenches fit
+    "max_new_tokens": 1280,    # the template teacher's testbenches: median ~700, max ~1100 SmolLM2 tokens
     "rl_profile": "small",     # dynamic sampling on: a weak model makes many all-zero groups
     "merge_space": "delta",    # the methods as defined, on the real task vectors; the SVD error is reported
     "merge_device": "cuda",
-    "rl_steps": 40,            # 4 prompts x G 4 x 2 rounds = 32 rollouts per step
-    "rl_prompts": 4,
+    "rl_steps": 20,            # 8 prompts x G 4 x 2 rounds = 64 rollouts per step
+    "rl_prompts": 8,           # paper: 2; more prompts per generate call cost little on a GPU
     "rl_group": 4,             # paper: 4
-    "opd_steps": 40,           # same budget as one RL expert
-    "opd_prompts": 4,          # authors' final script: 4
+    "rl_lr": 5e-5,             # LoRA; the top of rl.py's suggested range, for a short run (not tuned)
+    "gen_chunk": 8,            # all prompts of a step in one generate call
+    "rl_max_extra_prompts": 8, # at most one refill pass per step
+    "opd_steps": 20,           # same budget as one RL expert
+    "opd_prompts": 8,          # authors' final script: 4
     "opd_group": 4,            # paper: 4
     "val_n": 2,
     "val_rounds": 1,
@@ -174,6 +184,11 @@ PROFILES["4b"] = {
     "max_new_tokens": 4096,    # paper: 16384; bench_4b.py measured 4096
     "rl_profile": "paper",     # a 4B model gives informative groups; the paper's objective
     "rl_steps": 100,           # paper: 1000
+    "rl_prompts": 2,           # paper: 2
+    "gen_chunk": 2,            # 2 prompts x G 4 = 8 sequences per generate call
+    "rl_lr": 2e-5,             # the small profile's 5e-5 is for a short run on a 135M model
+    "rl_max_extra_prompts": None,   # rl.py default (dynamic sampling is off in the paper profile anyway)
+    "opd_prompts": 4,          # authors' final script: 4
     "opd_steps": 100,          # paper: 100 (unverified)
     "merge_rank": 48,          # = 3 experts x r 16, merge.py's delta-space default, stated
 }
@@ -185,6 +200,9 @@ NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2"
          "val": ["rl0", "rl1", "rl2"], "opd": ["val"], "opd_nogate": ["val"], "opd_rlfb": ["val"],
          "eval": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
          "compare": ["eval"], "report": []}
+MODEL_STAGE = {"base": "data", **{f"sft{k}": f"sft{k}" for k in range(3)}, **{f"rl{k}": f"rl{k}" for k in range(3)},
+               "soup": "merge", "ties": "merge", "dare_ties": "merge", "della": "merge",
+               "opd": "opd", "opd_nogate": "opd_nogate", "opd_rlfb": "opd_rlfb"}   # model -> the stage making it
 MERGES = {"soup": "soup", "ties": "ties", "dare_ties": "dare_ties", "della": "della"}   # name -> merge.py --method
 OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail", "rl"]}
 
@@ -301,9 +319,11 @@ class _Tee:
         self.log.flush()
 
 
-def run_stage(ctx, name, commands):
+def run_stage(ctx, name, commands, needs=None, partial=False):
     """Run one stage unless OUT/name/done.json exists; done.json (written last) records the commands,
-    the time and the peak memory, merged into what the stage script wrote there itself."""
+    the time and the peak memory, merged into what the stage script wrote there itself. needs replaces
+    NEEDS[name]; partial: the commands are only part of the stage (eval of some models), so neither
+    result.json nor done.json is written and a later full run does the rest."""
     if ctx.only and name not in ctx.only:
         return
     folder, done = ctx.out / name, ctx.out / name / "done.json"
@@ -313,7 +333,7 @@ def run_stage(ctx, name, commands):
         print(f"== {name}: done, skipped ({done})" + (f"; note: its commands differ from this run's "
               f"(--from {name} redoes it)" if changed else ""))
         return
-    missing = [n for n in NEEDS.get(name, []) if not (ctx.out / n / "done.json").exists()]
+    missing = [n for n in (NEEDS.get(name, []) if needs is None else needs) if not (ctx.out / n / "done.json").exists()]
     if missing:
         raise SystemExit(f"chorus_mini.py: stage {name} needs {', '.join(missing)} (no done.json in {ctx.out}): "
                          "run those first")
@@ -331,6 +351,10 @@ def run_stage(ctx, name, commands):
         if code != 0:
             raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
                              f"re-run by hand from {ROOT.name}/:\n  {cmd}")
+    if partial:
+        print(f"== {name}: {len(commands)} command(s) finished in {time.time() - t0:.0f} s; the stage is not complete "
+              "(a subset of it ran): run it again with the full set to finish it")
+        return
     if name in OUTCOMES and not (folder / "result.json").exists():   # stages made of several commands
         (folder / "result.json").write_text(json.dumps({"config": {"commands": [str(c) for c in commands]},
                                                         "setup": {"seconds": round(time.time() - t0, 1)},
@@ -442,7 +466,8 @@ def common_train_opts(c):
     """Options rl.py and distill.py share."""
     return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
-                  max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"]),
+                  max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
+                  gen_chunk=c["gen_chunk"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing", "--resume"]
 
 
@@ -451,7 +476,7 @@ def rl_cmd(c, o, model, k):
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
-                      lr=c["rl_lr"]), *common_train_opts(c)])
+                      lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c)])
 
 
 def merge_cmd(c, o, name):
@@ -521,6 +546,10 @@ def cmd_run(args):
     (o / "run_config.json").write_text(json.dumps({"profile": args.profile, "config": c, "argv": sys.argv[1:]}, indent=1))
     eval_tasks = o / "data" / ("eval_tasks.jsonl" if eval_source(c) else "val_tasks.jsonl")
     wanted = list(model_adapters(o)) if c["eval_models"] == "all" else c["eval_models"].split(",")
+    if set(wanted) - set(model_adapters(o)):
+        raise SystemExit(f"chorus_mini.py: eval_models: unknown model(s) {sorted(set(wanted) - set(model_adapters(o)))} "
+                         f"(models: {','.join(model_adapters(o))})")
+    subset = set(wanted) != set(model_adapters(o))     # e.g. the SFT stages while RL still runs elsewhere
 
     run_stage(ctx, "data", data_cmds(c, o, o / "data/tiny_model"))
     run_stage(ctx, "sft0", [sft_cmd(c, o, model, "data/stage0.jsonl", None, "sft0")])
@@ -535,11 +564,15 @@ def cmd_run(args):
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
     run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o)[m], eval_tasks, o / "eval" / m, c["eval_n"],
-                                     c["eval_rounds"]) for m in wanted])
+                                     c["eval_rounds"]) for m in wanted],
+              needs=sorted({MODEL_STAGE[m] for m in wanted}), partial=subset)
     experts = [m for m in ("rl0", "rl1", "rl2") if m in wanted]
     run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")])
     run_stage(ctx, "report", [Cmd(["python", "chorus_mini.py", "report", "--out", rel(o)], fn=lambda: report(o))])
-    print(f"chorus-mini run: done; report {o / 'report/report.md'}")
+    if ctx.only and "report" not in ctx.only:
+        print(f"chorus-mini run: stage(s) {' '.join(args.only)} done")
+    else:
+        print(f"chorus-mini run: done; report {o / 'report/report.md'}")
     return 0
 
 
