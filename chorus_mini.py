@@ -32,7 +32,10 @@ Stages:
    opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget
    eval        every model (base, sft0-2, rl0-2, merges, opd variants) on the eval tasks; one agentic run
                gives the direct (round 0) and agentic (last round) numbers
-   compare     complementarity of the three experts (per-task heatmap, oracle union), and of all models
+   eval_syn    every model on held-out synthetic designs (the validation families, another seed; test_tasks,
+               test_n, test_rounds; 0 tasks = skipped): the training distribution without its designs
+   compare     complementarity of the three experts (per-task heatmap, oracle union), and of all models,
+               on the eval tasks and on the synthetic test tasks
    report      OUT/report/: report.md, report.json and the plots
 
 Other subcommands: eval, compare, generate (evaluate.py); select-tasks and tiny-model (steps of `run`).
@@ -103,6 +106,7 @@ PROFILES = {
         "rl_lr": 2e-5,             # LoRA; paper 1e-6 full FT
         "gen_chunk": 1,            # prompts per generate call in rl/distill (simulation of one chunk overlaps the next)
         "rl_max_extra_prompts": None,   # dynamic-sampling refill cap per step (None = rl.py's 2 x prompts)
+        "train_sim_timeout": 20.0, # seconds of simulation per RL/OPD rollout (a timeout earns 0); eval keeps sim.py's 20
         "save_every": 10,          # checkpoint every N steps in rl/distill (and at the end)
         # merges (merge.py)
         "merge_space": "adapter",  # adapter = merge the A's and B's (cheap, approximate); delta = exact B_i A_i, then SVD
@@ -119,6 +123,10 @@ PROFILES = {
         "val_rounds": 0,           # refinement rounds on validation (0 = direct)
         "eval_n": 1,               # samples per eval task (paper: 5)
         "eval_rounds": 1,          # refinement rounds after the first (paper: 3)
+        "test_tasks": 0,           # held-out synthetic test designs (val families, another seed) every model is
+                                   # also scored on (stage eval_syn); 0 = skip that stage
+        "test_n": 1,               # samples per synthetic test task
+        "test_rounds": 0,          # refinement rounds on the synthetic test tasks
         "eval_models": "all",      # 'all' or a comma list (base,sft0,...,opd_rlfb): evaluates just those models,
                                    # needing just their stages; the eval stage completes once all are done
     },
@@ -156,7 +164,8 @@ PROFILES["small"] = {
     "rl_prompts": 8,           # paper: 2; more prompts per generate call cost little on a GPU
     "rl_group": 4,             # paper: 4
     "rl_lr": 5e-5,             # LoRA; the top of rl.py's suggested range, for a short run (not tuned)
-    "gen_chunk": 8,            # all prompts of a step in one generate call
+    "gen_chunk": 16,           # a step's prompts and its possible refill (rl.py --refill ahead) in one generate call
+    "train_sim_timeout": 5.0,  # the first GPU run lost 20-70 s per RL step waiting for testbenches without $finish
     "rl_max_extra_prompts": 8, # at most one refill pass per step
     "opd_steps": 20,           # same budget as one RL expert
     "opd_prompts": 8,          # authors' final script: 4
@@ -165,6 +174,9 @@ PROFILES["small"] = {
     "val_rounds": 1,
     "eval_n": 5,               # paper: 5
     "eval_rounds": 3,          # paper: 3
+    "test_tasks": 40,          # the dev set is far from the synthetic training designs for a 135M model (first
+    "test_n": 4,               # GPU run: Pass@1 0-3 on it): a held-out-family test set shows what the stages
+    "test_rounds": 1,          # change in distribution
 }
 
 # Qwen3-4B-class model on one 24 GB GPU. Memory settings are to be confirmed by bench/bench_4b.py.
@@ -194,12 +206,13 @@ PROFILES["4b"] = {
 }
 
 STAGES = ["data", "sft0", "sft1", "data2", "sft2", "rl0", "rl1", "rl2", "merge", "val",
-          "opd", "opd_nogate", "opd_rlfb", "eval", "compare", "report"]
+          "opd", "opd_nogate", "opd_rlfb", "eval", "eval_syn", "compare", "report"]
 NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2", "sft1"],
          "rl0": ["sft0"], "rl1": ["sft1"], "rl2": ["sft2"], "merge": ["rl0", "rl1", "rl2"],
          "val": ["rl0", "rl1", "rl2"], "opd": ["val"], "opd_nogate": ["val"], "opd_rlfb": ["val"],
          "eval": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
-         "compare": ["eval"], "report": []}
+         "eval_syn": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
+         "compare": ["eval", "eval_syn"], "report": []}
 MODEL_STAGE = {"base": "data", **{f"sft{k}": f"sft{k}" for k in range(3)}, **{f"rl{k}": f"rl{k}" for k in range(3)},
                "soup": "merge", "ties": "merge", "dare_ties": "merge", "della": "merge",
                "opd": "opd", "opd_nogate": "opd_nogate", "opd_rlfb": "opd_rlfb"}   # model -> the stage making it
@@ -391,7 +404,9 @@ OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write n
     "merge": lambda f: {m: (read_json(f / m / "merge_report.json") or {}).get("summary") for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
-    "compare": lambda f: {"oracle": (read_json(f / "experts/compare.json") or {}).get("oracle")},
+    "eval_syn": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
+    "compare": lambda f: {"oracle": (read_json(f / "experts/compare.json") or {}).get("oracle"),
+                          "oracle_syn": (read_json(f / "experts_syn/compare.json") or {}).get("oracle")},
 }
 
 
@@ -467,7 +482,7 @@ def common_train_opts(c):
     return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
                   max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
-                  gen_chunk=c["gen_chunk"]),
+                  gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing", "--resume"]
 
 
@@ -496,6 +511,14 @@ def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
                done=Path(out) / "done.json")
 
 
+def rl_prompts_used(c):
+    """Prompts an RL expert can consume from the task order: P per step, plus the dynamic-sampling refill
+    (rl.py's small profile; at most rl_max_extra_prompts, default 2 P, per step). OPD starts after them."""
+    p = c["rl_prompts"]
+    extra = 0 if c["rl_profile"] == "paper" else (2 * p if c["rl_max_extra_prompts"] is None else c["rl_max_extra_prompts"])
+    return c["rl_steps"] * (p + extra)
+
+
 def opd_cmd(c, o, model, variant):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     metrics = [rel(o / f"val/rl{k}/metrics.json") for k in range(3)]
@@ -503,7 +526,7 @@ def opd_cmd(c, o, model, variant):
                 "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / variant),
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
-                      cursor_start=c["rl_steps"] * c["rl_prompts"]),   # continue on prompts RL has not used
+                      cursor_start=rl_prompts_used(c)),          # continue on prompts RL has not used
                 *OPD_VARIANTS[variant], *common_train_opts(c)])
 
 
@@ -514,8 +537,8 @@ def model_adapters(o):
             **{m: o / "merge" / m for m in MERGES}, **{v: o / v / "adapter" for v in OPD_VARIANTS}}
 
 
-def compare_cmd(o, names, out):
-    dirs = [o / "eval" / n for n in names]
+def compare_cmd(o, names, out, sub="eval"):
+    dirs = [o / sub / n for n in names]
     argv = ["python", "chorus_mini.py", "compare", *map(rel, dirs), "--out", rel(out)]
     return Cmd(argv, done=out / "compare.json", fn=lambda: main(argv[2:]))
 
@@ -563,11 +586,21 @@ def cmd_run(args):
                                     c["val_n"], c["val_rounds"]) for k in range(3)])
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
+    needs = sorted({MODEL_STAGE[m] for m in wanted})
     run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o)[m], eval_tasks, o / "eval" / m, c["eval_n"],
-                                     c["eval_rounds"]) for m in wanted],
-              needs=sorted({MODEL_STAGE[m] for m in wanted}), partial=subset)
+                                     c["eval_rounds"]) for m in wanted], needs=needs, partial=subset)
+    syn = []                    # held-out synthetic test designs: val families, a seed of their own
+    if c["test_tasks"] > 0:
+        syn_tasks = o / "eval_syn" / "tasks.jsonl"
+        syn = [Cmd(["python", "data/designs.py", "--split", "val", "--n", c["test_tasks"], "--seed", c["seed"] + 1000,
+                    *opts(families=c["val_families"] or None), "--out", rel(syn_tasks)], done=syn_tasks)]
+        syn += [eval_cmd(c, o, model, model_adapters(o)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
+                         c["test_rounds"]) for m in wanted]
+    run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
     experts = [m for m in ("rl0", "rl1", "rl2") if m in wanted]
-    run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")])
+    run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")]
+              + ([compare_cmd(o, experts, o / "compare/experts_syn", "eval_syn"),
+                  compare_cmd(o, wanted, o / "compare/all_syn", "eval_syn")] if syn else []))
     run_stage(ctx, "report", [Cmd(["python", "chorus_mini.py", "report", "--out", rel(o)], fn=lambda: report(o))])
     if ctx.only and "report" not in ctx.only:
         print(f"chorus-mini run: stage(s) {' '.join(args.only)} done")
@@ -618,6 +651,29 @@ LABELS = {"base": "base model", "sft0": "SFT stage 0", "sft1": "SFT stage 1", "s
           "opd_nogate": "OPD, always distill (no gate)", "opd_rlfb": "OPD, gate + RL fallback"}
 
 
+def results_table(folder, experts, n, paper=False):
+    """({model: {direct, agentic}}, markdown rows) from the eval folders under `folder`; the oracle row
+    from the experts' compare.json. Pass@1 carries its 95% bootstrap interval over tasks."""
+    table, rows = {}, []
+    for name in LABELS:
+        if name == "oracle":
+            if experts:
+                table[name] = {experts.get("mode", "agentic"): {"pass@1": experts["oracle"]["pass@1"],
+                                                                 "cov@1": experts["oracle"]["cov@1"]}}
+        elif (m := read_json(folder / name / "metrics.json")):
+            table[name] = {mode: {k: v for k, v in m[mode].items() if k != "per_task"} for mode in ("direct", "agentic")
+                           if mode in m}
+    cell = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.1f}"
+    ci = lambda m: "" if not m or not m.get("pass@1_ci95") else " [{:.0f}, {:.0f}]".format(*m["pass@1_ci95"])
+    for name, t in table.items():
+        cols = []
+        for mode in ("direct", "agentic"):
+            m = t.get(mode)
+            cols += [cell(m, "pass@1") + ci(m), cell(m, f"pass@{n}"), cell(m, "cov@1"), cell(m, "syn_pass")]
+        rows.append(f"| {LABELS[name]} | " + " | ".join(cols) + (f" | {PAPER.get(name, '-')} |" if paper else " |"))
+    return table, rows
+
+
 def report(out):
     """OUT/report/report.md + report.json + the plots, from the stage folders' JSON files."""
     o, r = Path(out), Path(out) / "report"
@@ -636,32 +692,21 @@ def report(out):
               "date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": f"{platform.machine()}, "
               f"{os.cpu_count()} cores", "gpu": gpu, "python": platform.python_version(), "versions": versions,
               "iverilog": (ivl or "absent").splitlines()[0], "profile": run["profile"], "seed": c.get("seed")}
-    # the table: one agentic eval run per model gives direct (round 0) and agentic numbers
-    rows, table = [], {}
+    # the tables: one agentic eval run per model gives direct (round 0) and agentic numbers
     experts = read_json(o / "compare/experts/compare.json")
-    for name in [*list(LABELS)]:
-        if name == "oracle":
-            if experts:
-                table[name] = {"agentic": {"pass@1": experts["oracle"]["pass@1"], "cov@1": experts["oracle"]["cov@1"]}}
-        elif (m := read_json(o / "eval" / name / "metrics.json")):
-            table[name] = {mode: {k: v for k, v in m[mode].items() if k != "per_task"} for mode in ("direct", "agentic")
-                           if mode in m}
-    cell = lambda m, k: "-" if m is None or m.get(k) is None else f"{m[k]:.1f}"
-    ci = lambda m: "" if not m or not m.get("pass@1_ci95") else " [{:.0f}, {:.0f}]".format(*m["pass@1_ci95"])
+    table, rows = results_table(o / "eval", experts, c.get("eval_n", 1), paper=True)
+    experts_syn = read_json(o / "compare/experts_syn/compare.json")
+    table_syn, rows_syn = results_table(o / "eval_syn", experts_syn, c.get("test_n", 1))
     n = c.get("eval_n", 1)
     pass_n = f"Pass@{n}" if n > 1 else "Pass@n (n=1)"
-    for name, t in table.items():
-        cols = []
-        for mode in ("direct", "agentic"):
-            m = t.get(mode)
-            cols += [cell(m, "pass@1") + ci(m), cell(m, f"pass@{n}"), cell(m, "cov@1"), cell(m, "syn_pass")]
-        rows.append(f"| {LABELS[name]} | " + " | ".join(cols) + f" | {PAPER.get(name, '-')} |")
     # plots: copy the curves the stages drew, so report/ stands alone
     plots = []
     for src, dst in [*[(o / f"sft{k}/loss.png", f"sft{k}_loss.png") for k in range(3)],
                      *[(o / f"rl{k}/curves.png", f"rl{k}_curves.png") for k in range(3)],
                      *[(o / v / "curves.png", f"{v}_curves.png") for v in OPD_VARIANTS],
-                     (o / "compare/experts/compare.png", "experts_heatmap.png"), (o / "compare/all/compare.png", "all_heatmap.png")]:
+                     (o / "compare/experts/compare.png", "experts_heatmap.png"), (o / "compare/all/compare.png", "all_heatmap.png"),
+                     (o / "compare/experts_syn/compare.png", "experts_syn_heatmap.png"),
+                     (o / "compare/all_syn/compare.png", "all_syn_heatmap.png")]:
         if src.is_file():
             shutil.copy2(src, r / dst)
             plots.append(dst)
@@ -683,10 +728,22 @@ def report(out):
           "Pass@1 of Qwen3-4B scored by Xcelium/IMC, not comparable in level; (u) = unverified (secondary summary, method.md).", "",
           f"| model | direct Pass@1 | {pass_n} | Cov@1 | SynPass | agentic Pass@1 | {pass_n} | Cov@1 | SynPass | paper |",
           "|---" * 10 + "|", *rows, ""]
+    oracle_line = lambda e: [f"Oracle union of the experts ({e['mode']}): solves {e['oracle']['solved']} of "
+                             f"{len(e['tasks'])} tasks vs {e['per_model'][e['best_single']]['solved']} for the best "
+                             f"single expert ({e['best_single']}); solved by A not B: {json.dumps(e['solved_by_a_not_b'])}.", ""]
     if experts:
-        L += [f"Oracle union of the experts ({experts['mode']}): solves {experts['oracle']['solved']} of "
-              f"{len(experts['tasks'])} tasks vs {experts['per_model'][experts['best_single']]['solved']} for the best "
-              f"single expert ({experts['best_single']}); solved by A not B: {json.dumps(experts['solved_by_a_not_b'])}.", ""]
+        L += oracle_line(experts)
+    if rows_syn:
+        tn = c.get("test_n", 1)
+        L += [f"### Held-out synthetic families ({(table_syn.get('base', {}).get('agentic') or table_syn.get('base', {}).get('direct') or {}).get('tasks', '?')} "
+              f"tasks, n={tn}, {c.get('test_rounds')} refinement round(s); percent)", "",
+              "Designs of the five families no training task comes from (data/designs.py --split val, a seed of their "
+              "own), scored with the kit's Icarus targets: the distribution the stages were trained for, without "
+              "the training designs themselves.", "",
+              f"| model | direct Pass@1 | Pass@{tn} | Cov@1 | SynPass | agentic Pass@1 | Pass@{tn} | Cov@1 | SynPass |",
+              "|---" * 9 + "|", *rows_syn, ""]
+        if experts_syn:
+            L += oracle_line(experts_syn)
     opd = results.get("opd")
     if opd:
         name = lambda adapter: Path(adapter).parent.name        # OUT/rl1/adapter -> rl1
@@ -727,7 +784,8 @@ def report(out):
           "same small task pool, so with few tasks it wraps around to prompts RL has seen; teachers are adapters on "
           "one base, not SGLang servers.", ""]
     (r / "report.md").write_text("\n".join(L))
-    (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "paper": PAPER,
+    (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "table_syn": table_syn,
+                                               "oracle_syn": experts_syn and experts_syn["oracle"], "paper": PAPER,
                                                "oracle": experts and experts["oracle"], "stages": stages,
                                                "plots": plots, "smoke": smoke}, indent=1))
     print(f"report: {r / 'report.md'}")

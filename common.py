@@ -660,7 +660,11 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # swapping tensors, switching adapters. Graphs are kept as long as the packed shapes stay the same
 # (same architecture, same total LoRA rank), so switching between adapters of equal rank reuses them;
 # a rank change re-captures. Do not change weights during a generate() call. Costs: one extra copy of
-# the weights in the compute dtype (a 4-bit base is dequantized into it: ~8 GB for a 4B model).
+# the weights in the compute dtype (a linear that is a group of its own is used in place, not copied).
+# A 4-bit (bitsandbytes) base is dequantized into that copy (~7.5 GB for a 4B model), unless
+# CHORUS_FAST_4BIT=stream: then the packed groups reference the quantized weights and dequantize them
+# layer by layer inside every decode step (no copy; measured far slower on an H200: a 4B rollout of
+# 4 x 4096 tokens did not finish in 250 s against ~100 s with the copy, results/bench.md).
 #
 # Sampling is the same distribution as HF generate: logits / temperature, then HF's top-p rule (drop
 # the smallest-probability tokens whose cumulative mass is <= 1 - top_p, always keep the top token),
@@ -669,6 +673,7 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # depend on when graphs were captured.
 
 _FAST_ARCHS = ("llama", "qwen2", "qwen3")
+FAST_4BIT = os.environ.get("CHORUS_FAST_4BIT", "copy")   # copy | stream: how the fast path holds a 4-bit base
 BUCKET = 256         # attention reads the cache up to the next multiple of this: one graph per bucket
 CHECK_EVERY = 16     # decode steps between the (GPU->CPU sync) checks for finished sequences
 
@@ -682,9 +687,10 @@ def _hf_causal_lm(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _linear_parts(m):
+def _linear_parts(m, dequantize=True):
     """A (possibly peft-wrapped, possibly 4-bit) linear -> (weight [out,in], bias|None,
-    [(A [r,in], B [out,r], scaling)] for the active, unmerged LoRA adapters)."""
+    [(A [r,in], B [out,r], scaling)] for the active, unmerged LoRA adapters). A 4-bit weight comes back
+    dequantized, or with dequantize=False as the bitsandbytes parameter itself (packed, with .quant_state)."""
     loras, base = [], m
     if hasattr(m, "lora_A") and hasattr(m, "get_base_layer"):
         base = m.get_base_layer()
@@ -699,30 +705,57 @@ def _linear_parts(m):
         raise FastUnsupported(f"layer type {type(base).__name__}")
     w = base.weight
     if hasattr(w, "quant_state"):  # bitsandbytes nf4/fp4
-        import bitsandbytes.functional as bnbF
-        w = bnbF.dequantize_4bit(w.data, w.quant_state)
+        if dequantize:
+            import bitsandbytes.functional as bnbF
+            w = bnbF.dequantize_4bit(w.data, w.quant_state)
     elif w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise FastUnsupported(f"weight dtype {w.dtype}")
     return w, base.bias, loras
 
 
+class _Quantized:
+    """Packed-tree leaf for 4-bit base weights: references to the bitsandbytes parameters of a group's
+    linears (never copied; the base does not change between calls), dequantized when used."""
+    def __init__(self, params, dtype):
+        self.params, self.dtype = params, dtype
+        self.outs = [p.quant_state.shape[0] for p in params]
+
+    def linear(self, x):
+        import bitsandbytes.functional as bnbF
+        ys = [F.linear(x, bnbF.dequantize_4bit(p.data, p.quant_state).to(self.dtype)) for p in self.params]
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+
+
 def _pack_group(mods, dtype):
-    """Linears sharing one input -> {w [O,in], b [O]|None, a [R,in]|None, bl [O,R]|None} with
-    O = sum of outputs, R = total active LoRA rank; bl is block-structured and holds the scalings."""
-    parts = [_linear_parts(m) for m in mods]
-    w = torch.cat([p[0].detach().to(dtype) for p in parts])
+    """Linears sharing one input -> {w [O,in] | _Quantized, b [O]|None, a [R,in]|None, bl [O,R]|None}
+    with O = sum of outputs, R = total active LoRA rank; bl is block-structured and holds the scalings.
+    With CHORUS_FAST_4BIT=stream a 4-bit group keeps its quantized weights (w is a _Quantized reference)."""
+    if FAST_4BIT not in ("copy", "stream"):
+        raise ValueError(f"CHORUS_FAST_4BIT must be 'copy' or 'stream', not {FAST_4BIT!r}")
+    parts = [_linear_parts(m, dequantize=FAST_4BIT == "copy") for m in mods]
+    if any(hasattr(p[0], "quant_state") for p in parts):
+        if not all(hasattr(p[0], "quant_state") for p in parts):
+            raise FastUnsupported("a group mixing 4-bit and dense linears")
+        w = _Quantized([p[0] for p in parts], dtype)
+        out_sizes = w.outs
+        device = parts[0][0].device
+    else:
+        ws = [p[0].detach().to(dtype) for p in parts]     # .to of the right dtype: the parameter itself
+        w = ws[0] if len(ws) == 1 else torch.cat(ws)       # one linear: no copy (frozen base weights)
+        out_sizes = [p[0].shape[0] for p in parts]
+        device = w.device
     b = None
     if any(p[1] is not None for p in parts):
-        b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
-                       .to(dtype) for p in parts])
+        b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(o, device=device))
+                       .to(dtype) for p, o in zip(parts, out_sizes)])
     loras = [(o, A, B, s) for o, p in enumerate(parts) for (A, B, s) in p[2]]
     if not loras:
         return {"w": w, "b": b, "a": None, "bl": None}
     a = torch.cat([A.detach().to(dtype) for _, A, _, _ in loras])
-    bl = torch.zeros(w.shape[0], a.shape[0], dtype=dtype, device=w.device)
+    bl = torch.zeros(sum(out_sizes), a.shape[0], dtype=dtype, device=device)
     offs = [0]
-    for p in parts:
-        offs.append(offs[-1] + p[0].shape[0])
+    for o in out_sizes:
+        offs.append(offs[-1] + o)
     r0 = 0
     for o, A, B, s in loras:
         bl[offs[o]:offs[o + 1], r0:r0 + A.shape[0]] = (B.detach().float() * s).to(dtype)
@@ -771,6 +804,8 @@ def _tree_shapes(t):
         return tuple((k, _tree_shapes(v)) for k, v in sorted(t.items()))
     if isinstance(t, list):
         return tuple(_tree_shapes(v) for v in t)
+    if isinstance(t, _Quantized):     # same parameters (by identity): the captured graphs read them
+        return ("4bit", tuple(id(p) for p in t.params), t.dtype)
     return None if t is None else (tuple(t.shape), t.dtype)
 
 
@@ -781,7 +816,7 @@ def _tree_copy(dst, src):
     elif isinstance(dst, list):
         for d, s in zip(dst, src):
             _tree_copy(d, s)
-    elif dst is not None:
+    elif isinstance(dst, torch.Tensor):
         dst.copy_(src)
 
 
@@ -813,7 +848,10 @@ def _rms(x, w, eps):
 def _lin(x, G, residual=None):
     """y = x W^T (+ b) (+ residual) + (x A^T) Bl^T. x [N, in] -> [N, out]. LoRA as two skinny GEMMs."""
     add = G["b"] if residual is None else (residual if G["b"] is None else residual + G["b"])
-    y = F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
+    if isinstance(G["w"], _Quantized):
+        y = G["w"].linear(x) if add is None else G["w"].linear(x) + add
+    else:
+        y = F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
     if G["a"] is not None:
         y = torch.addmm(y, x @ G["a"].t(), G["bl"].t())
     return y
@@ -969,6 +1007,17 @@ def _capture(st, slot, Lb, temperature, top_p):
     return g
 
 
+def _gpu_free_bytes(device):
+    """Bytes this process can still allocate on a CUDA device: the device's free memory plus what the
+    caching allocator holds unused, within torch.cuda.set_per_process_memory_fraction's cap if one is set
+    (mem_get_info alone ignores the cap: a 24 GB budget on an H200 would look like 140 GB)."""
+    free, total = torch.cuda.mem_get_info(device)
+    allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    frac = getter(device) if getter else 1.0
+    return max(0, min(free + reserved - allocated, int(frac * total) - allocated))
+
+
 def _cache_bytes(st, B, L):
     m = st["meta"]
     return 2 * len(st["W"]["layers"]) * B * m["hkv"] * L * m["d"] * torch.finfo(m["dtype"]).bits // 8
@@ -990,7 +1039,8 @@ def _generate_fast(model, tok, prompts, *, max_new_tokens, temperature, top_p, s
         P = max(len(p) for p in batch)
         L = P + max_new_tokens
         if device.type == "cuda":  # keep the KV cache within ~half of free memory: smaller batches if not
-            while len(batch) > 1 and _cache_bytes(st, len(batch), L) > 0.5 * torch.cuda.mem_get_info(device)[0]:
+            free = _gpu_free_bytes(device)
+            while len(batch) > 1 and _cache_bytes(st, len(batch), L) > 0.5 * free:
                 batch = batch[:max(1, len(batch) // 2)]
         i += len(batch)
         out += _fast_batch(st, tok, batch, P, L, device, gen, max_new_tokens, temperature, top_p,

@@ -275,6 +275,8 @@ def parse_args(argv=None):
     p.add_argument("--gen-chunk", type=int, default=1, help="prompts per student generate call")
     p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    p.add_argument("--sim-timeout", type=float, default=20.0,
+                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
     # Gate and loss
     p.add_argument("--gate-stat", default="best", choices=GATE_STATS, help="reward statistic the gate compares (paper: best)")
     p.add_argument("--eps", type=float, default=0.0, help="gate margin: distill iff teacher > student + eps (paper: 0)")
@@ -349,7 +351,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     if source is None or teacher_source is None:
         if score_fn is None:
             import sim
-            pool = sim.SimPool(args.sim_workers)
+            pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
             score_fn = rl.sim_score_fn(pool, args.target_mode)
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)

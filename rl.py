@@ -736,27 +736,49 @@ def rollout_metrics(groups):
 # One RL step's batch: rollouts + (optional) dynamic sampling
 
 def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step, rounds, seed,
-                   dynamic_sampling=False, max_extra_prompts=0, overlong=(0, 0)):
+                   dynamic_sampling=False, max_extra_prompts=0, overlong=(0, 0), refill="ahead"):
     """Roll out P prompts from the data cursor; with dynamic sampling, drop zero-variance groups and
-    refill from further prompts (at most max_extra_prompts more) until P x rounds groups remain.
-    Returns (kept_groups, all_groups, new_cursor, timings)."""
+    refill from further prompts (batches of up to P, at most max_extra_prompts more) until P x rounds
+    groups remain. Returns (kept_groups, all_groups, new_cursor, timings).
+
+    refill="sequential" rolls out a refill batch only once the previous ones fell short. "ahead"
+    rolls out the first batch and every possible refill batch together (one generate call per round
+    instead of one per round and batch: the decode steps of a batch, not its width, set the time on a
+    GPU), then uses the batches in the same order and by the same rule, so the kept groups, the data
+    cursor and the logged counts follow the sequential procedure; the unused rollouts are dropped."""
     max_len, buffer = overlong
-    all_groups, kept, timings = [], [], {"t_gen": 0.0, "t_sim": 0.0}
-    target, extra, first = prompts_per_step * rounds, 0, True
-    while first or (dynamic_sampling and len(kept) < target and extra < max_extra_prompts):
-        n = prompts_per_step if first else min(prompts_per_step, max_extra_prompts - extra)
-        batch = [tasks[task_order(cursor + i, len(tasks), seed)] for i in range(n)]
-        groups, t = source(model, tok, batch, step=step, first_index=cursor)
-        cursor, extra, first = cursor + n, extra + (0 if first else n), False
+    target = prompts_per_step * rounds
+    timings = {"t_gen": 0.0, "t_sim": 0.0}
+    sizes, left = [prompts_per_step], (max_extra_prompts if dynamic_sampling else 0)
+    while left > 0:                                   # batch sizes of the sequential procedure
+        sizes.append(min(prompts_per_step, left))
+        left -= sizes[-1]
+
+    def roll(first, n):
+        batch = [tasks[task_order(first + i, len(tasks), seed)] for i in range(n)]
+        groups, t = source(model, tok, batch, step=step, first_index=first)
         for k in timings:
             timings[k] += t.get(k, 0.0)
         for g in groups:
             for s in g.samples:
                 s.reward = s.score.reward + overlong_penalty(len(s.completion_ids), max_len, buffer)
+        return groups
+
+    if refill not in ("ahead", "sequential"):
+        raise ValueError(f"refill must be 'ahead' or 'sequential', not {refill!r}")
+    ahead = roll(cursor, sum(sizes)) if refill == "ahead" and len(sizes) > 1 else None
+    all_groups, kept, used = [], [], 0
+    for j, n in enumerate(sizes):
+        if j > 0 and len(kept) >= target:
+            break
+        first = cursor + used
+        groups = roll(first, n) if ahead is None else [g for g in ahead if first <= g.index < first + n]
+        used += n
         all_groups += groups
         kept += [g for g in groups if not dynamic_sampling or np.std(g.rewards) > 0]
-    timings["extra_prompts"] = extra
-    return kept[:target], all_groups, cursor, timings
+    timings["extra_prompts"] = used - prompts_per_step
+    timings["unused_prompts"] = sum(sizes) - used if ahead is not None else 0
+    return kept[:target], all_groups, cursor + used, timings
 
 
 # -----------------------------------------------------------------------------
@@ -834,6 +856,8 @@ def parse_args(argv=None):
     p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
                    help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    p.add_argument("--sim-timeout", type=float, default=20.0,
+                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
     # Objective
     p.add_argument("--lr", type=float, default=2e-5, help="constant LR; LoRA needs more than the paper's 1e-6 full FT: pick by experiment (1e-5..5e-5)")
     p.add_argument("--epsilon-low", type=float, default=0.2)
@@ -844,6 +868,9 @@ def parse_args(argv=None):
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
                    help="drop zero-variance groups and refill (profile: paper off, small on)")
     p.add_argument("--max-extra-prompts", type=int, default=None, help="refill cap per step (default 2 x P)")
+    p.add_argument("--refill", choices=["ahead", "sequential"], default="ahead",
+                   help="ahead: roll out the refill prompts with the first ones, use them only as needed (fewer "
+                        "generate calls; same rule); sequential: only when needed (less memory)")
     p.add_argument("--overlong-buffer", type=int, default=None, help="DAPO soft overlong punishment buffer in tokens; 0 = off")
     p.add_argument("--kl-beta", type=float, default=None, help="k3 KL to the initial adapter; 0 = off (paper)")
     add_runtime_args(p, save_every=50)
@@ -888,7 +915,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     if source is None:
         if score_fn is None:
             import sim
-            pool = sim.SimPool(args.sim_workers)
+            pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
             score_fn = sim_score_fn(pool, args.target_mode)
         source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
                                    seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
@@ -912,7 +939,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             groups, all_groups, cursor, timings = collect_groups(
                 source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed, dynamic_sampling=args.dynamic_sampling,
-                max_extra_prompts=args.max_extra_prompts, overlong=(args.max_new_tokens, args.overlong_buffer))
+                max_extra_prompts=args.max_extra_prompts, overlong=(args.max_new_tokens, args.overlong_buffer),
+                refill=args.refill)
             t1 = time.perf_counter()
             rows = [s for g in groups for s in g.samples]
             torch.manual_seed(derive_seed(args.seed, "train", step))
@@ -928,7 +956,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             t2 = time.perf_counter()
             # ---------------------------------------------------------------- logging
             row = {"step": step + 1, **rollout_metrics(all_groups), "groups": len(groups),
-                   "extra_prompts": timings["extra_prompts"],
+                   "extra_prompts": timings["extra_prompts"], "unused_prompts": timings["unused_prompts"],
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
                    "t_gen": timings["t_gen"], "t_sim": timings["t_sim"],
                    "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}

@@ -2042,9 +2042,11 @@ def main(argv=None):
                 fh.write(ceiling_table(tasks, cmd))
             print(f"wrote {args.table}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
+    tmp = f"{args.out}.tmp{os.getpid()}"     # written whole, then renamed: a reader never sees half a file
+    with open(tmp, "w") as fh:
         for t in tasks:
             fh.write(json.dumps(t) + "\n")
+    os.replace(tmp, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -201,6 +201,31 @@ def test_fast_greedy_equals_hf_with_lora_and_switch(arch):
     assert _tokens(base) != _tokens(fast)
 
 
+@pytest.mark.parametrize("mode", ["copy", "stream"])
+def test_fast_4bit_base_equals_hf(tmp_path, monkeypatch, mode):
+    """A 4-bit base: the fast decoder dequantizes it into a dense copy (default) or, with
+    CHORUS_FAST_4BIT=stream, keeps references to the quantized weights (dequantized in every step);
+    either way it decodes the same greedy tokens as HF generate with a LoRA on top."""
+    pytest.importorskip("bitsandbytes")
+    monkeypatch.setattr(common, "FAST_4BIT", mode)
+    model, tok = common.tiny_model(0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    q, qtok = common.load_model(str(tmp_path / "m"), quant="4bit")
+    pm = common.add_lora(q, r=4, alpha=8, dropout=0.0)
+    _randomize_lora(pm, 5)
+    kw = dict(max_new_tokens=20, temperature=0, batch_size=3)
+    fast = common.generate(pm, qtok, MSGS, fast=True, **kw)
+    assert _tokens(fast) == _tokens(common.generate(pm, qtok, MSGS, fast=False, **kw))
+    W = common._hf_causal_lm(pm).__dict__["_chorus_fast"]["W"]
+    layer = W["layers"][0]
+    for g in ("qkv", "o", "gu", "down"):
+        assert isinstance(layer[g]["w"], common._Quantized) == (mode == "stream") and layer[g]["a"] is not None, g
+    if mode == "stream":
+        q_weight = common._hf_causal_lm(pm).model.layers[0].self_attn.q_proj.base_layer.weight
+        assert layer["qkv"]["w"].params[0] is q_weight
+
+
 def test_fast_picks_up_in_place_weight_updates(tiny):
     model, tok = common.tiny_model(0)
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)

@@ -85,6 +85,40 @@ def test_only_needs_upstream_stages(tmp_path):
     assert "unknown stage 'rl9'" in str(e.value)
 
 
+def test_eval_of_some_models_needs_only_their_stages(tmp_path, monkeypatch):
+    """--set eval_models=a,b evaluates those models once their own stages are done (e.g. the SFT stages
+    while RL still trains elsewhere) and leaves the eval stage open; the full eval then does the rest."""
+    ran = []
+
+    def fake(cmd, log_path):
+        ran.append(cmd.argv[cmd.argv.index("--out") + 1])
+        Path(cmd.done).parent.mkdir(parents=True, exist_ok=True)
+        Path(cmd.done).write_text("{}")
+        return 0, None, None
+    monkeypatch.setattr(cm, "execute", fake)
+    out = tmp_path / "run"
+    for stage in ("data", "sft0"):
+        (out / stage).mkdir(parents=True)
+        (out / stage / "done.json").write_text("{}")
+    run = lambda *a: cm.main(["run", "--out", str(out), *TINY, "--only", "eval", *a])
+    assert run("--set", "eval_models=base,sft0") == 0
+    assert [Path(r).name for r in ran] == ["base", "sft0"]
+    assert not (out / "eval" / "done.json").exists()                    # partial: the stage stays open
+    with pytest.raises(SystemExit) as e:
+        run("--set", "eval_models=rl0")
+    assert "stage eval needs rl0" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        run("--set", "eval_models=rl7")
+    assert "unknown model(s) ['rl7']" in str(e.value)
+    for stage in cm.STAGES[:cm.STAGES.index("eval")]:
+        (out / stage).mkdir(exist_ok=True)
+        (out / stage / "done.json").write_text("{}")
+    ran.clear()
+    assert run() == 0                                                   # all models: the other 12, then done
+    assert sorted(Path(r).name for r in ran) == sorted(set(cm.model_adapters(out)) - {"base", "sft0"})
+    assert (out / "eval" / "done.json").is_file()
+
+
 # -----------------------------------------------------------------------------
 # the whole pipeline on the tiny model
 
@@ -113,7 +147,7 @@ def in_process(cmd, log_path):
 
 executed = []
 TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=no/such.jsonl",
-        "--set", "sim_workers=2", "--set", "max_new_tokens=24"]
+        "--set", "sim_workers=2", "--set", "max_new_tokens=24", "--set", "test_tasks=2"]
 
 
 @pytest.mark.slow
@@ -133,12 +167,14 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
     for name in cm.model_adapters(out):                                  # every model was evaluated
         metrics = json.loads((out / "eval" / name / "metrics.json").read_text())
         assert "direct" in metrics and "agentic" in metrics, name
+        assert json.loads((out / "eval_syn" / name / "metrics.json").read_text())["num_tasks"] == 2, name
     assert "$ python rl.py --adapter" in (out / "rl0" / "stdout.log").read_text()
     md = (out / "report" / "report.md").read_text()
     assert "smoke run" in md and "oracle union of the 3 experts" in md and "OPD, gate + RL fallback" in md
     assert "How this run differs from the paper" in md
     rep = json.loads((out / "report" / "report.json").read_text())
     assert rep["smoke"] and set(rep["table"]) >= {"base", "rl0", "oracle", "soup", "opd_rlfb"}
+    assert set(rep["table_syn"]) >= {"base", "rl0", "oracle", "opd"} and "Held-out synthetic families" in md
     assert (out / "report" / "experts_heatmap.png").is_file() and (out / "report" / "rl0_curves.png").is_file()
 
     # a second run finds every done.json and runs nothing
@@ -152,4 +188,28 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
     assert cm.main(["run", "--out", str(out), "--from", "compare", *TINY]) == 0
     after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
     assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
-    assert [c.split()[2] for c in executed] == ["compare", "compare", "report"]
+    assert [c.split()[2] for c in executed] == ["compare"] * 4 + ["report"]
+
+
+@pytest.mark.slow
+@pytest.mark.needs_iverilog
+def test_run_small_lanes_finish_the_pipeline(tmp_path):
+    """bench/gpu/run_small.sh (the GPU box's way to run a profile in parallel lanes) on the tiny model:
+    every stage completes, each model is evaluated once, and the report is written."""
+    import subprocess
+    out = tmp_path / "lanes"
+    env = {**os.environ, "PROFILE": "smoke", "PYTHON": sys.executable}
+    sets = [a for a in TINY[2:] if a != "--set"]
+    argv = ["bash", str(ROOT / "bench/gpu/run_small.sh"), str(out)] + [x for s in sets for x in ("--set", s)]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "run_small: done" in p.stdout and not (out / "lanes" / "FAILED").exists()
+    for stage in cm.STAGES:
+        assert (out / stage / "done.json").is_file(), stage
+    import re
+    log = (out / "eval" / "stdout.log").read_text()
+    for name in cm.model_adapters(out):
+        assert (out / "eval" / name / "metrics.json").is_file() and (out / "eval_syn" / name / "metrics.json").is_file()
+        runs = re.findall(rf"^\$ python chorus_mini.py eval .*--out \S*/eval/{name} ", log, flags=re.M)
+        assert len(runs) == 1, name                                        # each model evaluated once
+    assert (out / "report" / "report.md").is_file()

@@ -10,6 +10,7 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -199,10 +200,11 @@ def _fixed_source(reward_table):
     return source
 
 
-def test_collect_groups_dynamic_sampling_refills_up_to_the_cap():
+@pytest.mark.parametrize("refill", ["ahead", "sequential"])
+def test_collect_groups_dynamic_sampling_refills_up_to_the_cap(refill):
     table = {"flat0": [1.0] * 4, "flat1": [0.0] * 4, "var0": [0.0, 1.5, 0.0, 1.5], "var1": [1.2, 1.3, 1.2, 1.3]}
     tasks = [{"id": k} for k in table]
-    kw = dict(step=0, cursor=0, prompts_per_step=2, rounds=2, seed=0)
+    kw = dict(step=0, cursor=0, prompts_per_step=2, rounds=2, seed=0, refill=refill)
     kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks, **kw)
     assert len(kept) == 4 and cursor == 2 and t["extra_prompts"] == 0      # off: everything is kept
     kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks,
@@ -214,6 +216,35 @@ def test_collect_groups_dynamic_sampling_refills_up_to_the_cap():
     assert cursor == 3 and t["extra_prompts"] == 1 and len(kept) <= 4
     m = rl.rollout_metrics(all_groups)
     assert m["frac_reward_zero_std"] == pytest.approx(0.5)
+
+
+def test_refill_ahead_follows_the_sequential_rule_in_one_call():
+    """Rolling the refill batches out ahead gives the sequential procedure's kept groups, cursor and
+    counts, with one source call instead of one per batch; unused rollouts are counted and dropped."""
+    rng = np.random.default_rng(0)
+    table = {f"t{i}": list(rng.choice([0.0, 0.0, 1.5], size=4)) for i in range(12)}
+    tasks = [{"id": k} for k in table]
+    for cap in (0, 3, 4, 8):
+        for cursor in (0, 5):
+            calls = {"ahead": [], "sequential": []}
+            out = {}
+            for refill in calls:
+                src = _fixed_source(table)
+
+                def counting(*a, _src=src, _calls=calls[refill], **k):
+                    _calls.append(len(a[2]))
+                    return _src(*a, **k)
+                out[refill] = rl.collect_groups(counting, None, None, tasks, step=0, cursor=cursor, prompts_per_step=2,
+                                                rounds=2, seed=1, dynamic_sampling=True, max_extra_prompts=cap,
+                                                refill=refill)
+            ka, aa, ca, ta = out["ahead"]
+            ks, as_, cs, ts = out["sequential"]
+            assert [(g.index, g.round) for g in ka] == [(g.index, g.round) for g in ks]
+            assert [(g.index, g.round) for g in aa] == [(g.index, g.round) for g in as_]
+            assert ca == cs and ta["extra_prompts"] == ts["extra_prompts"]
+            assert len(calls["ahead"]) == 1 and calls["ahead"][0] == 2 + cap
+            assert calls["sequential"][0] == 2 and sum(calls["sequential"]) == 2 + ta["extra_prompts"]
+            assert ta["unused_prompts"] == cap - ta["extra_prompts"] and ts["unused_prompts"] == 0
 
 
 # -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 # Same commands and artefacts as `python chorus_mini.py run --profile small --out OUT`: every lane calls
 # `chorus_mini.py run --only STAGE`, so each stage still resumes from what it saved. What differs is the
 # order: a lane waits for the stages it needs (their done.json) and runs while others run, e.g. the
-# three RL experts side by side and the evals of finished models while training goes on. A 135M model
+# three RL experts side by side, and each finished model is evaluated while others still train. A 135M model
 # leaves an H200 mostly idle, so several processes share one GPU; with two GPUs the lanes alternate.
 # Lane logs: OUT/lanes/*.log; a failed lane writes its name to OUT/lanes/FAILED and the others stop
 # waiting. Stop everything: kill the process group of this script.
@@ -31,7 +31,7 @@ evals() {   # evals MODEL...: the eval stage for these models only (their own st
   local m
   for m; do
     echo "[$(date +%T)] eval $m"
-    $PY chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval || return 1
+    $PY chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval eval_syn || return 1
   done
 }
 wait_for() {   # wait_for STAGE...: until each has done.json (or another lane failed)
@@ -52,12 +52,13 @@ lane() {   # lane NAME GPU COMMANDS: a background subshell on one GPU
 
 echo "run_small: $NGPU GPU(s), $LANES lanes, out $OUT, ${SETS[*]}"
 stage data                 # CPU only; usually done before (it needs no GPU)
-lane A 0 'stage sft0; stage sft1; stage data2; stage sft2; stage rl2; wait_for rl0 rl1; stage merge; stage val; stage opd'
-lane B 1 'evals base; wait_for sft0; stage rl0; wait_for val; stage opd_nogate'
-lane C 1 'wait_for sft0; evals sft0; wait_for sft1; stage rl1; wait_for val; stage opd_rlfb'
+lane A 0 'stage sft0; stage sft1; stage data2; stage sft2; stage rl2; wait_for rl0 rl1; stage merge; stage val;
+          stage opd; evals opd'
+lane B 1 'evals base; wait_for sft0; stage rl0; wait_for val; stage opd_nogate; evals opd_nogate'
+lane C 1 'wait_for sft0; evals sft0; wait_for sft1; stage rl1; wait_for val; stage opd_rlfb; evals opd_rlfb'
 lane D 0 'wait_for sft1; evals sft1; wait_for sft2; evals sft2; wait_for rl0; evals rl0; wait_for rl1; evals rl1;
           wait_for rl2; evals rl2; wait_for merge; evals soup ties dare_ties della;
-          wait_for opd opd_nogate opd_rlfb; stage eval compare report'
+          wait_for opd opd_nogate opd_rlfb; stage eval eval_syn compare report'
 wait
 if [ -f "$OUT/lanes/FAILED" ]; then
   echo "run_small: failed lanes: $(sort -u "$OUT/lanes/FAILED" | tr '\n' ' ')(logs in $OUT/lanes)"
