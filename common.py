@@ -654,13 +654,13 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # --- fast path: functional decoder over the HF weights, static KV cache, CUDA graphs -------------
 #
 # Weight rule. At the start of every fast generate() call the current weights are copied ("packed")
-# into private buffers: q/k/v and gate/up concatenated, and the ACTIVE peft adapter(s) as a
-# concatenated A [R, in] and a block B [out, R] with the LoRA scaling folded in. CUDA graphs read only
-# these buffers. So any change between calls is picked up: optimizer steps (in place or not), merging,
-# swapping tensors, switching adapters. Graphs are kept as long as the packed shapes stay the same
-# (same architecture, same total LoRA rank), so switching between adapters of equal rank reuses them;
-# a rank change re-captures. Do not change weights during a generate() call. Costs: one extra copy of
-# the weights in the compute dtype (a linear that is a group of its own is used in place, not copied).
+# into private buffers: q/k/v and gate/up concatenated, with the ACTIVE peft adapter(s) folded in
+# (W + sum_i s_i B_i A_i, summed in fp32; with a streamed 4-bit base, below, they stay a concatenated
+# A [R, in] and a block B [out, R] with the scalings). CUDA graphs read only these buffers. So any
+# change between calls is picked up: optimizer steps (in place or not), merging, swapping tensors,
+# switching adapters. Graphs are kept as long as the packed shapes stay the same (same architecture;
+# with a streamed 4-bit base also the same total LoRA rank), so switching adapters reuses them. Do not change weights during a generate() call. Costs: one extra copy of
+# the linear weights in the compute dtype.
 # A 4-bit (bitsandbytes) base is dequantized into that copy (~7.5 GB for a 4B model), unless
 # CHORUS_FAST_4BIT=stream: then the packed groups reference the quantized weights and dequantize them
 # layer by layer inside every decode step (no copy; measured far slower on an H200: a 4B rollout of
@@ -740,8 +740,9 @@ def _pack_group(mods, dtype):
         out_sizes = w.outs
         device = parts[0][0].device
     else:
-        ws = [p[0].detach().to(dtype) for p in parts]     # .to of the right dtype: the parameter itself
-        w = ws[0] if len(ws) == 1 else torch.cat(ws)       # one linear: no copy (frozen base weights)
+        # always a buffer of its own, never the parameter itself: the graphs read this buffer, and a
+        # later call with an adapter copies W + BA into it (the weight rule)
+        w = torch.cat([p[0].detach().to(dtype) for p in parts])
         out_sizes = [p[0].shape[0] for p in parts]
         device = w.device
     b = None
@@ -760,7 +761,12 @@ def _pack_group(mods, dtype):
     for o, A, B, s in loras:
         bl[offs[o]:offs[o + 1], r0:r0 + A.shape[0]] = (B.detach().float() * s).to(dtype)
         r0 += A.shape[0]
-    return {"w": w, "b": b, "a": a, "bl": bl}
+    if isinstance(w, _Quantized):        # the base stays quantized: LoRA as two skinny GEMMs per step
+        return {"w": w, "b": b, "a": a, "bl": bl}
+    # dense base: fold the adapter into a fresh copy, W + Bl A (fp32 sum, one rounding), so a decode step
+    # runs one GEMM per group instead of three; repacked at every generate() call (the weight rule)
+    merged = torch.addmm(w.float(), bl.float(), a.float()).to(dtype)
+    return {"w": merged, "b": b, "a": None, "bl": None}
 
 
 def _pack_weights(model):
@@ -783,8 +789,9 @@ def _pack_weights(model):
              "ln2": layer.post_attention_layernorm.weight.detach().to(dtype),
              "qkv": _pack_group([at.q_proj, at.k_proj, at.v_proj], dtype), "o": _pack_group([at.o_proj], dtype),
              "gu": _pack_group([mlp.gate_proj, mlp.up_proj], dtype), "down": _pack_group([mlp.down_proj], dtype)}
-        if hasattr(at, "q_norm"):
-            L["qn"], L["kn"] = at.q_norm.weight.detach().to(dtype), at.k_norm.weight.detach().to(dtype)
+        if hasattr(at, "q_norm"):    # one [hq + hkv, d] weight: q heads' norm, then k heads'
+            L["qkn"] = torch.cat([at.q_norm.weight.detach().to(dtype).expand(cfg.num_attention_heads, -1),
+                                  at.k_norm.weight.detach().to(dtype).expand(cfg.num_key_value_heads, -1)])
         layers.append(L)
     return {"embed": emb.weight.detach().to(dtype), "norm": inner.norm.weight.detach().to(dtype),
             "head": _pack_group([hf.lm_head], dtype), "layers": layers}
@@ -864,16 +871,17 @@ def _rope(x, cos, sin):
 
 
 def _qkv(L, m, x, cos, sin):
-    """Attention input of one layer. x [N, H] -> q [N, hq, d], k, v [N, hkv, d] (normed, rotated)."""
+    """Attention input of one layer. x [N, H] -> q [N, hq, d], k, v [N, hkv, d] (normed, rotated).
+    q and k heads are normed and rotated together (one set of kernels instead of two)."""
     h = _rms(x, L["ln1"], m["eps"])
     qkv = _lin(h, L["qkv"])
-    nq, nk = m["hq"] * m["d"], m["hkv"] * m["d"]
-    q = qkv[:, :nq].view(-1, m["hq"], m["d"])
-    k = qkv[:, nq:nq + nk].view(-1, m["hkv"], m["d"])
-    v = qkv[:, nq + nk:].view(-1, m["hkv"], m["d"])
-    if "qn" in L:  # qwen3: RMSNorm over head_dim before rotary
-        q, k = _rms(q, L["qn"], m["qk_eps"]), _rms(k, L["kn"], m["qk_eps"])
-    return _rope(q, cos, sin), _rope(k, cos, sin), v
+    hq, hkv, d = m["hq"], m["hkv"], m["d"]
+    qk = qkv[:, :(hq + hkv) * d].view(-1, hq + hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
+    if "qkn" in L:  # qwen3: RMSNorm over head_dim before rotary (q heads and k heads have their own weight)
+        qk = _rms(qk, L["qkn"], m["qk_eps"])
+    qk = _rope(qk, cos, sin)
+    return qk[:, :hq], qk[:, hq:], v
 
 
 def _mlp(L, m, x):

@@ -3,6 +3,7 @@
 Run: python -m pytest -q tests/test_common.py            (about half a minute on 2 CPU cores)
      python -m pytest -q tests/test_common.py -m slow    (the real SmolLM2 GGUF: ~1 min the first time)
 """
+import contextlib
 import sys
 import types
 
@@ -203,9 +204,9 @@ def test_fast_greedy_equals_hf_with_lora_and_switch(arch):
 
 @pytest.mark.parametrize("mode", ["copy", "stream"])
 def test_fast_4bit_base_equals_hf(tmp_path, monkeypatch, mode):
-    """A 4-bit base: the fast decoder dequantizes it into a dense copy (default) or, with
-    CHORUS_FAST_4BIT=stream, keeps references to the quantized weights (dequantized in every step);
-    either way it decodes the same greedy tokens as HF generate with a LoRA on top."""
+    """A 4-bit base: the fast decoder dequantizes it into a dense copy with the LoRA folded in (default)
+    or, with CHORUS_FAST_4BIT=stream, keeps references to the quantized weights (dequantized in every
+    step, LoRA as separate GEMMs); either way it decodes the same greedy tokens as HF generate."""
     pytest.importorskip("bitsandbytes")
     monkeypatch.setattr(common, "FAST_4BIT", mode)
     model, tok = common.tiny_model(0)
@@ -220,10 +221,30 @@ def test_fast_4bit_base_equals_hf(tmp_path, monkeypatch, mode):
     W = common._hf_causal_lm(pm).__dict__["_chorus_fast"]["W"]
     layer = W["layers"][0]
     for g in ("qkv", "o", "gu", "down"):
-        assert isinstance(layer[g]["w"], common._Quantized) == (mode == "stream") and layer[g]["a"] is not None, g
+        assert isinstance(layer[g]["w"], common._Quantized) == (mode == "stream"), g
+        assert (layer[g]["a"] is None) == (mode == "copy"), g       # a dense copy has the adapter folded in
     if mode == "stream":
         q_weight = common._hf_causal_lm(pm).model.layers[0].self_attn.q_proj.base_layer.weight
         assert layer["qkv"]["w"].params[0] is q_weight
+
+
+def test_fast_base_weights_survive_adapter_on_off():
+    """Packing folds the adapter into the decoder's own buffers, never into the model's weights: base,
+    adapter, base again all decode like HF, and the base parameters are unchanged."""
+    model, tok = common.tiny_model(0)
+    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
+    _randomize_lora(pm, 6)
+    before = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    kw = dict(max_new_tokens=16, temperature=0)
+    outs = []
+    for use_adapter in (False, True, False):
+        ctx = contextlib.nullcontext() if use_adapter else pm.disable_adapter()
+        with ctx:
+            fast = common.generate(pm, tok, MSGS, fast=True, **kw)
+            assert _tokens(fast) == _tokens(common.generate(pm, tok, MSGS, fast=False, **kw)), use_adapter
+        outs.append(_tokens(fast))
+    assert outs[0] == outs[2] != outs[1]
+    assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())
 
 
 def test_fast_picks_up_in_place_weight_updates(tiny):
