@@ -597,6 +597,10 @@ def cmd_run(args):
         syn += [eval_cmd(c, o, model, model_adapters(o)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
                          c["test_rounds"]) for m in wanted]
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
+    if subset:
+        print(f"chorus-mini run: eval_models={c['eval_models']} is a subset of the models: compare and report wait "
+              "for a run with all of them")
+        return 0
     experts = [m for m in ("rl0", "rl1", "rl2") if m in wanted]
     run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")]
               + ([compare_cmd(o, experts, o / "compare/experts_syn", "eval_syn"),

@@ -812,7 +812,7 @@ def _tree_shapes(t):
     if isinstance(t, list):
         return tuple(_tree_shapes(v) for v in t)
     if isinstance(t, _Quantized):     # same parameters (by identity): the captured graphs read them
-        return ("4bit", tuple(id(p) for p in t.params), t.dtype)
+        return ("4bit", tuple((id(p), p.data.data_ptr()) for p in t.params), t.dtype)
     return None if t is None else (tuple(t.shape), t.dtype)
 
 

@@ -745,11 +745,13 @@ def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step,
     rolls out the first batch and every possible refill batch together (one generate call per round
     instead of one per round and batch: the decode steps of a batch, not its width, set the time on a
     GPU), then uses the batches in the same order and by the same rule, so the kept groups, the data
-    cursor and the logged counts follow the sequential procedure; the unused rollouts are dropped."""
+    cursor and the logged counts follow the sequential procedure (the samples themselves differ: the
+    generation seeds follow the generate calls); the unused rollouts are dropped. It pays only when one
+    generate call covers them all (gen_chunk >= P + max_extra_prompts), so rl.py picks it only then."""
     max_len, buffer = overlong
     target = prompts_per_step * rounds
     timings = {"t_gen": 0.0, "t_sim": 0.0}
-    sizes, left = [prompts_per_step], (max_extra_prompts if dynamic_sampling else 0)
+    sizes, left = [prompts_per_step], (max_extra_prompts if dynamic_sampling and prompts_per_step > 0 else 0)
     while left > 0:                                   # batch sizes of the sequential procedure
         sizes.append(min(prompts_per_step, left))
         left -= sizes[-1]
@@ -767,6 +769,8 @@ def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step,
     if refill not in ("ahead", "sequential"):
         raise ValueError(f"refill must be 'ahead' or 'sequential', not {refill!r}")
     ahead = roll(cursor, sum(sizes)) if refill == "ahead" and len(sizes) > 1 else None
+    if ahead is not None and sorted({g.index for g in ahead}) != list(range(cursor, cursor + sum(sizes))):
+        raise ValueError("refill='ahead' needs the source's groups indexed first_index + task position")
     all_groups, kept, used = [], [], 0
     for j, n in enumerate(sizes):
         if j > 0 and len(kept) >= target:
@@ -868,9 +872,10 @@ def parse_args(argv=None):
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
                    help="drop zero-variance groups and refill (profile: paper off, small on)")
     p.add_argument("--max-extra-prompts", type=int, default=None, help="refill cap per step (default 2 x P)")
-    p.add_argument("--refill", choices=["ahead", "sequential"], default="ahead",
+    p.add_argument("--refill", choices=["ahead", "sequential"], default=None,
                    help="ahead: roll out the refill prompts with the first ones, use them only as needed (fewer "
-                        "generate calls; same rule); sequential: only when needed (less memory)")
+                        "generate calls; same rule); sequential: only when needed (less memory). Default: ahead "
+                        "when --gen-chunk covers P + --max-extra-prompts, else sequential")
     p.add_argument("--overlong-buffer", type=int, default=None, help="DAPO soft overlong punishment buffer in tokens; 0 = off")
     p.add_argument("--kl-beta", type=float, default=None, help="k3 KL to the initial adapter; 0 = off (paper)")
     add_runtime_args(p, save_every=50)
@@ -880,6 +885,8 @@ def parse_args(argv=None):
             setattr(args, k, v)
     if args.max_extra_prompts is None:
         args.max_extra_prompts = 2 * args.prompts_per_step
+    if args.refill is None:
+        args.refill = "ahead" if args.gen_chunk >= args.prompts_per_step + args.max_extra_prompts else "sequential"
     return args
 
 

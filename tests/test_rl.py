@@ -245,6 +245,10 @@ def test_refill_ahead_follows_the_sequential_rule_in_one_call():
             assert len(calls["ahead"]) == 1 and calls["ahead"][0] == 2 + cap
             assert calls["sequential"][0] == 2 and sum(calls["sequential"]) == 2 + ta["extra_prompts"]
             assert ta["unused_prompts"] == cap - ta["extra_prompts"] and ts["unused_prompts"] == 0
+    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks, step=0, cursor=3,
+                                                    prompts_per_step=0, rounds=2, seed=1, dynamic_sampling=True,
+                                                    max_extra_prompts=4)                 # no prompts: no loop
+    assert kept == [] and all_groups == [] and cursor == 3 and t["extra_prompts"] == 0
 
 
 # -----------------------------------------------------------------------------

@@ -21,17 +21,17 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 LANES=4
 SETS=(--set "sim_workers=$(( $(nproc) / LANES > 2 ? $(nproc) / LANES : 2 ))" "$@")
 mkdir -p "$OUT/lanes"
-rm -f "$OUT/lanes/FAILED"
+rm -rf "$OUT/lanes/FAILED" "$OUT"/lanes/ev_*     # a new start: evaluation markers are set again by the lanes
 
 stage() {   # stage NAME...: chorus_mini.py run --only NAME...
   echo "[$(date +%T)] run --only $*"
-  $PY chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --only "$@"
+  "$PY" chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --only "$@"
 }
 evals() {   # evals MODEL...: the eval stage for these models only (their own stages must be done)
   local m
   for m; do
     echo "[$(date +%T)] eval $m"
-    $PY chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval eval_syn || return 1
+    "$PY" chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval eval_syn || return 1
   done
 }
 wait_for() {   # wait_for STAGE...: until each has done.json (or another lane failed)
@@ -43,25 +43,29 @@ wait_for() {   # wait_for STAGE...: until each has done.json (or another lane fa
     done
   done
 }
-lane() {   # lane NAME GPU COMMANDS: a background subshell on one GPU
+lane() {   # lane NAME GPU COMMANDS: a background subshell on one GPU; its first failing command ends it
   local name=$1 gpu=$2
   shift 2
-  ( export CUDA_VISIBLE_DEVICES=$(( gpu % NGPU )); set -e; eval "$*" ) > "$OUT/lanes/$name.log" 2>&1 \
-    || echo "$name" >> "$OUT/lanes/FAILED" &
+  # (not `( ... ) || mark`: bash ignores set -e inside a subshell on the left of ||)
+  { ( export CUDA_VISIBLE_DEVICES=$(( gpu % NGPU )); set -e; eval "$*" ) > "$OUT/lanes/$name.log" 2>&1
+    [ $? -eq 0 ] || echo "$name" >> "$OUT/lanes/FAILED"; } &
+}
+evaluated() {   # evaluated NAME: mark that this lane has evaluated model NAME (lane D waits for it)
+  mkdir -p "$OUT/lanes/ev_$1" && echo '{}' > "$OUT/lanes/ev_$1/done.json"
 }
 
 echo "run_small: $NGPU GPU(s), $LANES lanes, out $OUT, ${SETS[*]}"
-stage data                 # CPU only; usually done before (it needs no GPU)
+stage data || exit 1       # CPU only; usually done before (it needs no GPU)
 lane A 0 'stage sft0; stage sft1; stage data2; stage sft2; stage rl2; wait_for rl0 rl1; stage merge; stage val;
-          stage opd; evals opd'
-lane B 1 'evals base; wait_for sft0; stage rl0; wait_for val; stage opd_nogate; evals opd_nogate'
-lane C 1 'wait_for sft0; evals sft0; wait_for sft1; stage rl1; wait_for val; stage opd_rlfb; evals opd_rlfb'
+          stage opd; evals opd; evaluated opd'
+lane B 1 'evals base; wait_for sft0; stage rl0; wait_for val; stage opd_nogate; evals opd_nogate; evaluated opd_nogate'
+lane C 1 'wait_for sft0; evals sft0; wait_for sft1; stage rl1; wait_for val; stage opd_rlfb; evals opd_rlfb; evaluated opd_rlfb'
 lane D 0 'wait_for sft1; evals sft1; wait_for sft2; evals sft2; wait_for rl0; evals rl0; wait_for rl1; evals rl1;
           wait_for rl2; evals rl2; wait_for merge; evals soup ties dare_ties della;
-          wait_for opd opd_nogate opd_rlfb; stage eval eval_syn compare report'
+          wait_for lanes/ev_opd lanes/ev_opd_nogate lanes/ev_opd_rlfb; stage eval eval_syn compare report'
 wait
 if [ -f "$OUT/lanes/FAILED" ]; then
-  echo "run_small: failed lanes: $(sort -u "$OUT/lanes/FAILED" | tr '\n' ' ')(logs in $OUT/lanes)"
+  echo "run_small: lanes that failed or stopped: $(sort -u "$OUT/lanes/FAILED" | tr '\n' ' ')(logs in $OUT/lanes)"
   exit 1
 fi
 echo "run_small: done; report $OUT/report/report.md"
