@@ -1,5 +1,5 @@
-// Demo stimulus testbench for examples/counter.sv (stimulus only, no checks), as a model should write it.
-// Score it:  python sim.py score --rtl examples/counter.sv --top counter --inst uut --tb examples/tb_counter.sv --target 90
+// Demo stimulus testbench for tests/designs/counter.sv (stimulus only, no checks), as a model should write it.
+// Score it:  python sim.py score --rtl tests/designs/counter.sv --top counter --inst uut --tb examples/tb_counter.sv --target 90
 `timescale 1ns/1ps
 module tb_counter;
   reg clk = 0, rst_n = 0, load = 0, en = 0, up = 1;

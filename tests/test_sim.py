@@ -274,7 +274,7 @@ def test_cli_json_and_prepare():
 def test_bundled_example_reaches_full_coverage():
     ex = ROOT / "examples"
     res = sim.simulate({"id": "example", "top": "counter", "inst": "uut", "tb": (ex / "tb_counter.sv").read_text(),
-                        "rtl_files": [{"name": "counter.sv", "content": (ex / "counter.sv").read_text()}],
+                        "rtl_files": [{"name": "counter.sv", "content": (DESIGNS / "counter.sv").read_text()}],
                         "targets": [{"inst_name": "uut", "metric": "overall_average", "target_percentage": 90}]})
     assert res.status == sim.OK and res.passed and res.overall_pct == 100.0
 
