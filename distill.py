@@ -262,7 +262,6 @@ def parse_args(argv=None):
     p.add_argument("--teachers", nargs="+", required=True, help="expert adapters (the student is dropped from them)")
     p.add_argument("--val-metrics", nargs="+", default=None, help="evaluate.py metrics.json per --teachers entry, for --student best")
     p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks)")
-    p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
     p.add_argument("--out", required=True, help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json")
     # Horizon and batch
     p.add_argument("--steps", type=int, default=100, help="optimizer updates (paper: 100, unverified)")
@@ -272,11 +271,7 @@ def parse_args(argv=None):
     p.add_argument("--teacher-samples", type=int, default=1, help="k rollouts per teacher and group (final script: 1)")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap, student and teachers")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature; log-probs use the same (paper: 1.0)")
-    p.add_argument("--gen-chunk", type=int, default=1, help="prompts per student generate call")
-    p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
-    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
-    p.add_argument("--sim-timeout", type=float, default=20.0,
-                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
+    rl.add_rollout_args(p)
     # Gate and loss
     p.add_argument("--gate-stat", default="best", choices=GATE_STATS, help="reward statistic the gate compares (paper: best)")
     p.add_argument("--eps", type=float, default=0.0, help="gate margin: distill iff teacher > student + eps (paper: 0)")
@@ -350,25 +345,21 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     pool = None
     if source is None or teacher_source is None:
         if score_fn is None:
-            import sim
-            pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
-            score_fn = rl.sim_score_fn(pool, args.target_mode)
+            pool, score_fn = rl.make_scorer(args)
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)
         source = source or rl.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
                                                 chunk_size=args.gen_chunk, **gen)
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
+    import common
+    release_fast = rl.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True)
     try:
         while True:
             last_step = step == args.steps
-            # once in a while: save (the state after `step` updates)
-            if step > 0 and (last_step or step % args.save_every == 0) and step != resumed_step:
-                rl.save_checkpoint(ckpt_dir, step, model, optimizer,
-                                   {"user_config": user_config, "cursor": cursor, "log": log}, args.keep_last)
-            if log and args.plot_every > 0 and (last_step or step % args.plot_every == 0):
-                rl.plot_log(log, out / "curves.png", keys=PLOT_KEYS)
+            rl.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
+                             {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
                 break
             # ---------------------------------------------------------------- rollouts and the gate
@@ -378,6 +369,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 rounds=args.rounds, seed=args.seed)
             group_tasks = [tasks[rl.task_order(g.index, len(tasks), args.seed)] for g in groups]
             teacher_rewards, t_timings = teacher_source(model, tok, groups, group_tasks, names, step=step)
+            if release_fast:         # the training phase gets the decoder's packed weights and KV cache back
+                common.free_fast_cache(model)
             decisions = [gate(g.rewards, tr, args.eps, args.gate_stat, always=args.no_gate)
                          for g, tr in zip(groups, teacher_rewards)]
             modes = [group_mode(d, args.on_fail) for d in decisions]

@@ -843,7 +843,6 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=16, help="rank of a fresh LoRA (ignored with --adapter)")
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks)")
-    p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
     p.add_argument("--out", required=True, help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json")
     # Horizon and batch
     p.add_argument("--profile", default="small", choices=sorted(PROFILES), help="defaults for the options below")
@@ -855,13 +854,7 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper: 1.0)")
     p.add_argument("--max-prompt-tokens", type=int, default=0,
                    help="skip tasks with longer round-1 prompts; 0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
-    p.add_argument("--gen-chunk", type=int, default=1, help="prompts per generate call; simulation of one chunk overlaps the next")
-    p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
-    p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
-                   help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
-    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
-    p.add_argument("--sim-timeout", type=float, default=20.0,
-                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
+    add_rollout_args(p)
     # Objective
     p.add_argument("--lr", type=float, default=2e-5, help="constant LR; LoRA needs more than the paper's 1e-6 full FT: pick by experiment (1e-5..5e-5)")
     p.add_argument("--epsilon-low", type=float, default=0.2)
@@ -921,9 +914,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     pool = None
     if source is None:
         if score_fn is None:
-            import sim
-            pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
-            score_fn = sim_score_fn(pool, args.target_mode)
+            pool, score_fn = make_scorer(args)
         source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
                                    seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
                                    temperature=args.temperature, gen_batch_size=args.gen_batch_size,
@@ -933,12 +924,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     try:
         while True:
             last_step = step == args.steps
-            # once in a while: save (the state after `step` updates)
-            if step > 0 and (last_step or step % args.save_every == 0) and step != resumed_step:
-                save_checkpoint(ckpt_dir, step, model, optimizer,
-                                {"user_config": user_config, "cursor": cursor, "log": log}, args.keep_last)
-            if log and args.plot_every and (last_step or step % args.plot_every == 0):
-                plot_log(log, out / "curves.png")
+            save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
+                          {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png")
             if last_step:
                 break
             # ---------------------------------------------------------------- one RL step
@@ -986,6 +973,36 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     return finish_run(out, model, step, {
         "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
         "outcome": {k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}})
+
+
+def add_rollout_args(p):
+    """The rollout and scorer flags rl.py and distill.py share."""
+    p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
+    p.add_argument("--gen-chunk", type=int, default=1, help="prompts per (student) generate call; simulation of one "
+                   "chunk overlaps the next")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
+    p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
+                   help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
+    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    p.add_argument("--sim-timeout", type=float, default=20.0,
+                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
+
+
+def make_scorer(args):
+    """(SimPool, score_fn) from the rollout flags; the caller closes the pool."""
+    import sim
+    pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
+    return pool, sim_score_fn(pool, args.target_mode)
+
+
+def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys=PLOT_KEYS):
+    """Top of a training step: every --save-every steps and at the end, checkpoint the state after `step`
+    updates (not again right after resuming from it); every --plot-every steps and at the end, redraw."""
+    last = step == args.steps
+    if step > 0 and (last or step % args.save_every == 0) and step != resumed_step:
+        save_checkpoint(ckpt_dir, step, model, optimizer, meta, args.keep_last)
+    if meta["log"] and args.plot_every > 0 and (last or step % args.plot_every == 0):
+        plot_log(meta["log"], png, keys=keys)
 
 
 def add_runtime_args(p, save_every):

@@ -43,18 +43,12 @@ IGNORE = -100  # label of tokens that carry no loss
 
 def load_rows(path):
     """Read a chat JSONL file; each row needs a `messages` list that ends with an assistant turn."""
+    import sim
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e})") from None
-            if not isinstance(row.get("messages"), list) or not row["messages"]:
-                raise ValueError(f"{path}:{lineno}: row has no 'messages' list")
-            rows.append(row)
+    for lineno, row in sim.read_jsonl(path):
+        if not isinstance(row.get("messages"), list) or not row["messages"]:
+            raise ValueError(f"{path}:{lineno}: row has no 'messages' list")
+        rows.append(row)
     return rows
 
 

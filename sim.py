@@ -187,9 +187,9 @@ class PrepareError(Exception):
 # ---------------------------------------------------------------------------------------------------------
 # Tasks and jobs
 
-def load_tasks(path):
-    """Read a CVDP-ECov JSONL task file (id, rtl_files, dut_module_name, dut_instance_name, targets, ...)."""
-    tasks = []
+def read_jsonl(path):
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not a JSON object
+    raises ValueError naming the file and line. (Also sft.py's reader.)"""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -200,10 +200,17 @@ def load_tasks(path):
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in ("id", "rtl_files", "dut_module_name", "dut_instance_name") if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: task is missing field(s) {', '.join(missing)}")
-            tasks.append(row)
+            yield lineno, row
+
+
+def load_tasks(path):
+    """Read a CVDP-ECov JSONL task file (id, rtl_files, dut_module_name, dut_instance_name, targets, ...)."""
+    tasks = []
+    for lineno, row in read_jsonl(path):
+        missing = [k for k in ("id", "rtl_files", "dut_module_name", "dut_instance_name") if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: task is missing field(s) {', '.join(missing)}")
+        tasks.append(row)
     return tasks
 
 

@@ -375,14 +375,21 @@ def _hash_score(task, c):
     return lambda: s
 
 
-def test_one_real_step_tiny_student_two_teachers(experts, tmp_path):
-    """Real generation by the student and both teacher adapters on one tiny base; scripted scores."""
+def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch):
+    """Real generation by the student and both teacher adapters on one tiny base; scripted scores.
+    --release-fast frees the decoder once per step, after the teachers' rollouts, before training."""
+    import common
     paths, _, _ = experts
     out = tmp_path / "run"
     tasks = [{"id": "t0", "rtl_files": [{"name": "a.sv", "content": "module a(input x); endmodule"}],
               "spec_files": [], "dut_module_name": "a", "dut_instance_name": "dut", "instruction": "test a"}]
+    events, generate, free = [], common.generate, common.free_fast_cache
+    monkeypatch.setattr(common, "generate", lambda *a, **k: events.append("gen") or generate(*a, **k))
+    monkeypatch.setattr(common, "free_fast_cache", lambda m: events.append("free") or free(m))
     distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
-                      "--max-new-tokens", "8", "--no-gate", "--plot-every", "0"), score_fn=_hash_score, tasks=tasks)
+                      "--max-new-tokens", "8", "--no-gate", "--plot-every", "0", "--release-fast"),
+                score_fn=_hash_score, tasks=tasks)
+    assert events[-1] == "free" and events.count("free") == 1 and events.count("gen") == 4   # 2 rounds + 2 teachers
     log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     assert len(log) == 1 and log[0]["groups"] == 2 and log[0]["opd_groups"] == 2
     assert log[0]["num_tokens"] > 0 and log[0]["opd/b"] >= 0
