@@ -167,7 +167,7 @@ PROFILES["small"] = {
     "gen_chunk": 16,           # a step's prompts and its possible refill (rl.py --refill ahead) in one generate call
     "train_sim_timeout": 5.0,  # the first GPU run lost 20-70 s per RL step waiting for testbenches without $finish
     "rl_max_extra_prompts": 8, # at most one refill pass per step
-    "opd_steps": 20,           # same budget as one RL expert
+    "opd_steps": 10,           # half an RL expert's steps: what one GPU session had left (results/small_run.md)
     "opd_prompts": 8,          # authors' final script: 4
     "opd_group": 4,            # paper: 4
     "val_n": 2,

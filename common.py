@@ -769,8 +769,22 @@ def _pack_group(mods, dtype):
     return {"w": merged, "b": b, "a": None, "bl": None}
 
 
-def _pack_weights(model):
-    """Current weights of a supported decoder as a dict tree of packed tensors (see the weight rule)."""
+class _Repack(Exception):
+    """The packed shapes changed (another architecture or, with a streamed 4-bit base, another LoRA rank)."""
+
+
+def _pack_weights(model, into=None):
+    """Current weights of a supported decoder as a dict tree of packed tensors (see the weight rule).
+    into: the tree of an earlier call; each layer is then packed and copied into it at once, so only one
+    layer's weights exist twice (packing a whole new tree first briefly doubled the weight copy: ~7.5 GB
+    more for a 4-bit 4B base, results/bench.md). Raises _Repack when a shape differs."""
+    def keep(old, new):
+        if into is None:
+            return new
+        if _tree_shapes(old) != _tree_shapes(new):
+            raise _Repack
+        _tree_copy(old, new)
+        return old
     hf = _hf_causal_lm(model)
     cfg = hf.config
     if cfg.model_type not in _FAST_ARCHS:
@@ -782,8 +796,10 @@ def _pack_weights(model):
     if type(emb) is not torch.nn.Embedding:
         raise FastUnsupported("adapter on the embedding")
     dtype = _compute_dtype(hf)
+    if into is not None and len(into["layers"]) != len(inner.layers):
+        raise _Repack
     layers = []
-    for layer in inner.layers:
+    for i, layer in enumerate(inner.layers):
         at, mlp = layer.self_attn, layer.mlp
         L = {"ln1": layer.input_layernorm.weight.detach().to(dtype),
              "ln2": layer.post_attention_layernorm.weight.detach().to(dtype),
@@ -792,9 +808,11 @@ def _pack_weights(model):
         if hasattr(at, "q_norm"):    # one [hq + hkv, d] weight: q heads' norm, then k heads'
             L["qkn"] = torch.cat([at.q_norm.weight.detach().to(dtype).expand(cfg.num_attention_heads, -1),
                                   at.k_norm.weight.detach().to(dtype).expand(cfg.num_key_value_heads, -1)])
-        layers.append(L)
-    return {"embed": emb.weight.detach().to(dtype), "norm": inner.norm.weight.detach().to(dtype),
-            "head": _pack_group([hf.lm_head], dtype), "layers": layers}
+        layers.append(keep(into and into["layers"][i], L))
+    rest = {"embed": emb.weight.detach().to(dtype), "norm": inner.norm.weight.detach().to(dtype)}
+    rest = keep(into and {k: into[k] for k in rest}, rest)
+    head = keep(into and into["head"], _pack_group([hf.lm_head], dtype))
+    return {**rest, "head": head, "layers": layers}
 
 
 def _compute_dtype(hf):
@@ -829,20 +847,22 @@ def _tree_copy(dst, src):
 
 def _fast_state(model):
     """Refresh (or build) the packed weights of model; returns the state dict kept on the HF model:
-    {key, W, meta, slots: {B: slot}}. Graphs live in slots and survive while `key` is unchanged."""
+    {W, meta, slots: {B: slot}}. Graphs live in slots and survive while the packed shapes stay the same."""
     hf = _hf_causal_lm(model)
-    W = _pack_weights(model)
-    key = _tree_shapes(W)
     st = hf.__dict__.get("_chorus_fast")
-    if st is not None and st["key"] == key:
-        _tree_copy(st["W"], W)
-        return st
+    if st is not None:
+        try:
+            _pack_weights(model, into=st["W"])       # in place: the captured graphs read these buffers
+            return st
+        except _Repack:                              # new shapes: drop the state (and its graphs), rebuild
+            free_fast_cache(model)
+    W = _pack_weights(model)
     at = hf.model.layers[0].self_attn
     cfg = hf.config
     meta = {"hq": cfg.num_attention_heads, "hkv": cfg.num_key_value_heads, "d": at.head_dim,
             "scale": at.scaling, "eps": hf.model.norm.variance_epsilon,
             "qk_eps": getattr(getattr(at, "q_norm", None), "variance_epsilon", None), "dtype": W["embed"].dtype}
-    st = {"key": key, "W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb}
+    st = {"W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb}
     hf.__dict__["_chorus_fast"] = st  # plain attribute, not a submodule or buffer
     return st
 

@@ -247,6 +247,28 @@ def test_fast_base_weights_survive_adapter_on_off():
     assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())
 
 
+def test_fast_repacks_into_the_same_buffers():
+    """A later generate() copies the new weights into the decoder's existing buffers layer by layer (no
+    second full copy, and the captured graphs keep reading the same memory); a shape change rebuilds."""
+    model, tok = common.tiny_model(0)
+    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
+    _randomize_lora(pm, 4)
+    kw = dict(max_new_tokens=12, temperature=0, fast=True)
+    common.generate(pm, tok, MSGS, **kw)
+    hf = common._hf_causal_lm(pm)
+    st = hf.__dict__["_chorus_fast"]
+    ptrs = [L["qkv"]["w"].data_ptr() for L in st["W"]["layers"]] + [st["W"]["head"]["w"].data_ptr()]
+    _randomize_lora(pm, 5)
+    out = common.generate(pm, tok, MSGS, **kw)
+    assert hf.__dict__["_chorus_fast"] is st
+    assert ptrs == [L["qkv"]["w"].data_ptr() for L in st["W"]["layers"]] + [st["W"]["head"]["w"].data_ptr()]
+    assert _tokens(out) == _tokens(common.generate(pm, tok, MSGS, max_new_tokens=12, temperature=0, fast=False))
+    st["W"]["layers"][0]["gu"]["w"] = st["W"]["layers"][0]["gu"]["w"][:-1]   # a stale shape: must rebuild
+    out = common.generate(pm, tok, MSGS, **kw)
+    assert hf.__dict__["_chorus_fast"] is not st
+    assert _tokens(out) == _tokens(common.generate(pm, tok, MSGS, max_new_tokens=12, temperature=0, fast=False))
+
+
 def test_fast_picks_up_in_place_weight_updates(tiny):
     model, tok = common.tiny_model(0)
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
