@@ -1039,7 +1039,8 @@ def _gpu_free_bytes(device):
     """Bytes this process can still allocate on a CUDA device: the device's free memory plus what the
     caching allocator holds unused, within torch.cuda.set_per_process_memory_fraction's cap if one is set
     (mem_get_info alone ignores the cap: a 24 GB budget on an H200 would look like 140 GB)."""
-    free, total = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    total = torch.cuda.get_device_properties(device).total_memory   # the card's size: the cap is a fraction of it
     allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     frac = getter(device) if getter else 1.0

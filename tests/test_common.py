@@ -355,3 +355,21 @@ def test_smollm2_gguf_load_and_fast_equals_hf(tmp_path_factory):
     hf = common.generate(model, tok, msgs, max_new_tokens=12, temperature=0, fast=False)
     fast = common.generate(model, tok, msgs, max_new_tokens=12, temperature=0, fast=True)
     assert _tokens(hf) == _tokens(fast) and "Paris" in hf[0].text
+
+
+def test_gpu_free_bytes_applies_the_memory_cap_once(monkeypatch):
+    """A 24 GiB cap on a 140 GiB card with 10 GiB allocated leaves 14 GiB, also when mem_get_info
+    already reports the capped size (as bench_4b.py's emulated 24 GB card does). Multiplying the
+    fraction into the reported size left ~0 and split every fast-path batch down to 1 (H200, session 3)."""
+    G = 2**30
+    card, frac, alloc = 140 * G, 24 / 140, 10 * G
+    props = type("P", (), {"total_memory": card})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: alloc)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 11 * G)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: frac, raising=False)
+    for reported in ((card - 20 * G, card), (24 * G - 11 * G, 24 * G)):        # real card / emulated cap
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None, r=reported: r)
+        assert abs(common._gpu_free_bytes(0) - 14 * G) < 0.01 * G, reported
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (1 * G, card))   # others use the card
+    assert abs(common._gpu_free_bytes(0) - 2 * G) < 0.01 * G                    # 1 free + 1 reserved unused
