@@ -504,7 +504,9 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=DEFAULT_DENSITY,
                     help="kept fraction for ties/dare_ties/della; DARE's drop rate is 1 - density")
     ap.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="DELLA keep-probability window +-epsilon")
-    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta")
+    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta. DARE-TIES/DELLA "
+                    "on experts that share a lineage come out ~1/density times the soup (rescale + disjoint mean): "
+                    "lam ~ density compensates (results/small_run.md)")
     ap.add_argument("--rank", type=int, help="output rank by truncated SVD of the merged delta "
                                              "(default: r in adapter space; exact soup / sum r_i in delta space)")
     ap.add_argument("--full", action="store_true", help="also write W0 + delta as an HF model folder OUT/full")

@@ -503,3 +503,32 @@ if __name__ == "__main__" and "--compare" in sys.argv:
     for space, rank, m, r_out, secs, err in timing:
         print(f"| {space} | {rank or '-'} | {m} | {r_out} | {secs:.2f} | {10 * secs:.0f} | {err:.3f} |")
     print(f"\n({time.time() - t0:.0f} s)")
+
+
+def test_merge_nll_scores_adapters_on_reference_answers(tmp_path):
+    """bench/merge_nll.py: an adapter with B = 0 scores exactly the base's NLL, a changed one does not;
+    the JSON lists every model; a malformed --adapters is one line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import common
+    import merge_nll
+    model, tok = common.tiny_model(0)
+    zero = common.add_lora(model, r=4, alpha=8, dropout=0.0)
+    common.save_adapter(zero, tmp_path / "zero")
+    with torch.no_grad():
+        for n, p in zero.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    common.save_adapter(zero, tmp_path / "moved")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"count to {i}"},
+                                                     {"role": "assistant", "content": " ".join(map(str, range(i)))}]}) + "\n"
+                            for i in (3, 5)))
+    out = merge_nll.main(["--model", "tiny", "--rows", str(rows), "--adapters", f"zero={tmp_path / 'zero'}",
+                          f"moved={tmp_path / 'moved'}", "--out", str(tmp_path / "nll.json")])
+    r = out["results"]
+    assert set(r) == {"base", "zero", "moved"} and r["base"]["tokens"] > 0
+    assert abs(r["zero"]["nll"] - r["base"]["nll"]) < 1e-5
+    assert abs(r["moved"]["nll"] - r["base"]["nll"]) > 1e-3
+    assert json.loads((tmp_path / "nll.json").read_text())["results"]["moved"]["nll"] == r["moved"]["nll"]
+    with pytest.raises(SystemExit, match="NAME=DIR"):
+        merge_nll.main(["--model", "tiny", "--rows", str(rows), "--adapters", str(tmp_path / "zero")])
