@@ -855,7 +855,9 @@ def _fast_state(model):
             _pack_weights(model, into=st["W"])       # in place: the captured graphs read these buffers
             return st
         except _Repack:                              # new shapes: drop the state (and its graphs), rebuild
-            free_fast_cache(model)
+            pass
+        st = None                                    # no reference left: the old buffers are freed first
+        free_fast_cache(model)
     W = _pack_weights(model)
     at = hf.model.layers[0].self_attn
     cfg = hf.config

@@ -4,6 +4,7 @@ Run: python -m pytest -q tests/test_common.py            (about half a minute on
      python -m pytest -q tests/test_common.py -m slow    (the real SmolLM2 GGUF: ~1 min the first time)
 """
 import contextlib
+import weakref
 import sys
 import types
 
@@ -247,7 +248,7 @@ def test_fast_base_weights_survive_adapter_on_off():
     assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())
 
 
-def test_fast_repacks_into_the_same_buffers():
+def test_fast_repacks_into_the_same_buffers(monkeypatch):
     """A later generate() copies the new weights into the decoder's existing buffers layer by layer (no
     second full copy, and the captured graphs keep reading the same memory); a shape change rebuilds."""
     model, tok = common.tiny_model(0)
@@ -263,9 +264,20 @@ def test_fast_repacks_into_the_same_buffers():
     assert hf.__dict__["_chorus_fast"] is st
     assert ptrs == [L["qkv"]["w"].data_ptr() for L in st["W"]["layers"]] + [st["W"]["head"]["w"].data_ptr()]
     assert _tokens(out) == _tokens(common.generate(pm, tok, MSGS, max_new_tokens=12, temperature=0, fast=False))
+    full = st["W"]["layers"][0]["gu"]["w"].shape
     st["W"]["layers"][0]["gu"]["w"] = st["W"]["layers"][0]["gu"]["w"][:-1]   # a stale shape: must rebuild
+    old = weakref.ref(st["W"]["layers"][1]["qkv"]["w"])
+    del st
+    fresh_pack, freed_first = common._pack_weights, []
+
+    def spy(m, into=None):
+        if into is None:                        # the rebuild: the old copy must be gone by now
+            freed_first.append(old() is None)
+        return fresh_pack(m, into=into)
+    monkeypatch.setattr(common, "_pack_weights", spy)
     out = common.generate(pm, tok, MSGS, **kw)
-    assert hf.__dict__["_chorus_fast"] is not st
+    assert freed_first == [True]
+    assert hf.__dict__["_chorus_fast"]["W"]["layers"][0]["gu"]["w"].shape == full
     assert _tokens(out) == _tokens(common.generate(pm, tok, MSGS, max_new_tokens=12, temperature=0, fast=False))
 
 

@@ -532,3 +532,10 @@ def test_merge_nll_scores_adapters_on_reference_answers(tmp_path):
     assert json.loads((tmp_path / "nll.json").read_text())["results"]["moved"]["nll"] == r["moved"]["nll"]
     with pytest.raises(SystemExit, match="NAME=DIR"):
         merge_nll.main(["--model", "tiny", "--rows", str(rows), "--adapters", str(tmp_path / "zero")])
+    with pytest.raises(SystemExit, match="reserved or repeated"):
+        merge_nll.main(["--rows", str(rows), "--adapters", f"base={tmp_path / 'zero'}"])
+    # task-vector size and direction against a reference adapter (no model): a B = 0 adapter has none
+    norms = merge_nll.main(["--no-nll", "--norms-vs", "moved", "--adapters", f"moved={tmp_path / 'moved'}",
+                            f"zero={tmp_path / 'zero'}"])["norms"]
+    assert norms["moved"]["norm_ratio"]["mean"] == pytest.approx(1.0) and norms["moved"]["cosine"]["min"] == pytest.approx(1.0)
+    assert norms["zero"]["norm_ratio"]["max"] == 0.0
