@@ -654,17 +654,14 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # --- fast path: functional decoder over the HF weights, static KV cache, CUDA graphs -------------
 #
 # Weight rule. At the start of every fast generate() call the current weights are copied ("packed")
-# into private buffers: q/k/v and gate/up concatenated, with the ACTIVE peft adapter(s) folded in
-# (W + sum_i s_i B_i A_i, summed in fp32; with a streamed 4-bit base, below, they stay a concatenated
-# A [R, in] and a block B [out, R] with the scalings). CUDA graphs read only these buffers. So any
-# change between calls is picked up: optimizer steps (in place or not), merging, swapping tensors,
-# switching adapters. Graphs are kept as long as the packed shapes stay the same (same architecture;
-# with a streamed 4-bit base also the same total LoRA rank), so switching adapters reuses them. Do not change weights during a generate() call. Costs: one extra copy of
-# the linear weights in the compute dtype.
-# A 4-bit (bitsandbytes) base is dequantized into that copy (~7.5 GB for a 4B model), unless
-# CHORUS_FAST_4BIT=stream: then the packed groups reference the quantized weights and dequantize them
-# layer by layer inside every decode step (no copy; measured far slower on an H200: a 4B rollout of
-# 4 x 4096 tokens did not finish in 250 s against ~100 s with the copy, results/bench.md).
+# into private buffers, layer by layer: q/k/v and gate/up concatenated, with the ACTIVE peft adapter(s)
+# folded in (W + sum_i s_i B_i A_i, summed in fp32, one rounding). CUDA graphs read only these
+# buffers. So any change between calls is picked up: optimizer steps (in place or not), merging,
+# swapping tensors, switching adapters; the shapes never change, so the graphs are reused. Do not
+# change weights during a generate() call. Cost: one extra copy of the linear weights in the compute
+# dtype; a 4-bit (bitsandbytes) base is dequantized into it (~7.5 GB for a 4B model). Keeping the base
+# quantized and dequantizing inside every decode step was measured far slower on an H200 (a 4B rollout
+# of 4 x 4096 tokens: over 250 s against ~100 s) and was dropped (results/bench.md).
 #
 # Sampling is the same distribution as HF generate: logits / temperature, then HF's top-p rule (drop
 # the smallest-probability tokens whose cumulative mass is <= 1 - top_p, always keep the top token),
@@ -673,7 +670,6 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # depend on when graphs were captured.
 
 _FAST_ARCHS = ("llama", "qwen2", "qwen3")
-FAST_4BIT = os.environ.get("CHORUS_FAST_4BIT", "copy")   # copy | stream: how the fast path holds a 4-bit base
 BUCKET = 256         # attention reads the cache up to the next multiple of this: one graph per bucket
 CHECK_EVERY = 16     # decode steps between the (GPU->CPU sync) checks for finished sequences
 
@@ -687,10 +683,10 @@ def _hf_causal_lm(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _linear_parts(m, dequantize=True):
+def _linear_parts(m):
     """A (possibly peft-wrapped, possibly 4-bit) linear -> (weight [out,in], bias|None,
     [(A [r,in], B [out,r], scaling)] for the active, unmerged LoRA adapters). A 4-bit weight comes back
-    dequantized, or with dequantize=False as the bitsandbytes parameter itself (packed, with .quant_state)."""
+    dequantized."""
     loras, base = [], m
     if hasattr(m, "lora_A") and hasattr(m, "get_base_layer"):
         base = m.get_base_layer()
@@ -705,72 +701,38 @@ def _linear_parts(m, dequantize=True):
         raise FastUnsupported(f"layer type {type(base).__name__}")
     w = base.weight
     if hasattr(w, "quant_state"):  # bitsandbytes nf4/fp4
-        if dequantize:
-            import bitsandbytes.functional as bnbF
-            w = bnbF.dequantize_4bit(w.data, w.quant_state)
+        import bitsandbytes.functional as bnbF
+        w = bnbF.dequantize_4bit(w.data, w.quant_state)
     elif w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise FastUnsupported(f"weight dtype {w.dtype}")
     return w, base.bias, loras
 
 
-class _Quantized:
-    """Packed-tree leaf for 4-bit base weights: references to the bitsandbytes parameters of a group's
-    linears (never copied; the base does not change between calls), dequantized when used."""
-    def __init__(self, params, dtype):
-        self.params, self.dtype = params, dtype
-        self.outs = [p.quant_state.shape[0] for p in params]
-
-    def linear(self, x):
-        import bitsandbytes.functional as bnbF
-        ys = [F.linear(x, bnbF.dequantize_4bit(p.data, p.quant_state).to(self.dtype)) for p in self.params]
-        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
-
-
 def _pack_group(mods, dtype):
-    """Linears sharing one input -> {w [O,in] | _Quantized, b [O]|None, a [R,in]|None, bl [O,R]|None}
-    with O = sum of outputs, R = total active LoRA rank; bl is block-structured and holds the scalings.
-    With CHORUS_FAST_4BIT=stream a 4-bit group keeps its quantized weights (w is a _Quantized reference)."""
-    if FAST_4BIT not in ("copy", "stream"):
-        raise ValueError(f"CHORUS_FAST_4BIT must be 'copy' or 'stream', not {FAST_4BIT!r}")
-    parts = [_linear_parts(m, dequantize=FAST_4BIT == "copy") for m in mods]
-    if any(hasattr(p[0], "quant_state") for p in parts):
-        if not all(hasattr(p[0], "quant_state") for p in parts):
-            raise FastUnsupported("a group mixing 4-bit and dense linears")
-        w = _Quantized([p[0] for p in parts], dtype)
-        out_sizes = w.outs
-        device = parts[0][0].device
-    else:
-        # always a buffer of its own, never the parameter itself: the graphs read this buffer, and a
-        # later call with an adapter copies W + BA into it (the weight rule)
+    """Linears sharing one input -> {w [O, in], b [O] | None}, O = sum of outputs, with the active LoRA
+    adapters folded in: W + s B A per linear, summed in fp32. Always a buffer of its own, never a
+    parameter: the graphs read it, and later calls copy new weights into it (the weight rule)."""
+    parts = [_linear_parts(m) for m in mods]
+    if not any(p[2] for p in parts):
         w = torch.cat([p[0].detach().to(dtype) for p in parts])
-        out_sizes = [p[0].shape[0] for p in parts]
-        device = w.device
+    else:
+        w = torch.cat([p[0].detach().float() for p in parts])
+        o = 0
+        for p in parts:
+            rows = w[o:o + p[0].shape[0]]
+            for A, B, scale in p[2]:
+                rows.addmm_(B.detach().float(), A.detach().float(), alpha=scale)
+            o += p[0].shape[0]
+        w = w.to(dtype)
     b = None
     if any(p[1] is not None for p in parts):
-        b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(o, device=device))
-                       .to(dtype) for p, o in zip(parts, out_sizes)])
-    loras = [(o, A, B, s) for o, p in enumerate(parts) for (A, B, s) in p[2]]
-    if not loras:
-        return {"w": w, "b": b, "a": None, "bl": None}
-    a = torch.cat([A.detach().to(dtype) for _, A, _, _ in loras])
-    bl = torch.zeros(sum(out_sizes), a.shape[0], dtype=dtype, device=device)
-    offs = [0]
-    for o in out_sizes:
-        offs.append(offs[-1] + o)
-    r0 = 0
-    for o, A, B, s in loras:
-        bl[offs[o]:offs[o + 1], r0:r0 + A.shape[0]] = (B.detach().float() * s).to(dtype)
-        r0 += A.shape[0]
-    if isinstance(w, _Quantized):        # the base stays quantized: LoRA as two skinny GEMMs per step
-        return {"w": w, "b": b, "a": a, "bl": bl}
-    # dense base: fold the adapter into a fresh copy, W + Bl A (fp32 sum, one rounding), so a decode step
-    # runs one GEMM per group instead of three; repacked at every generate() call (the weight rule)
-    merged = torch.addmm(w.float(), bl.float(), a.float()).to(dtype)
-    return {"w": merged, "b": b, "a": None, "bl": None}
+        b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
+                       .to(dtype) for p in parts])
+    return {"w": w, "b": b}
 
 
 class _Repack(Exception):
-    """The packed shapes changed (another architecture or, with a streamed 4-bit base, another LoRA rank)."""
+    """The packed shapes changed (the model's layers were replaced by others of another shape)."""
 
 
 def _pack_weights(model, into=None):
@@ -829,8 +791,6 @@ def _tree_shapes(t):
         return tuple((k, _tree_shapes(v)) for k, v in sorted(t.items()))
     if isinstance(t, list):
         return tuple(_tree_shapes(v) for v in t)
-    if isinstance(t, _Quantized):     # same parameters (by identity): the captured graphs read them
-        return ("4bit", tuple((id(p), p.data.data_ptr()) for p in t.params), t.dtype)
     return None if t is None else (tuple(t.shape), t.dtype)
 
 
@@ -875,15 +835,9 @@ def _rms(x, w, eps):
 
 
 def _lin(x, G, residual=None):
-    """y = x W^T (+ b) (+ residual) + (x A^T) Bl^T. x [N, in] -> [N, out]. LoRA as two skinny GEMMs."""
+    """y = x W^T (+ b) (+ residual), W with the adapters folded in. x [N, in] -> [N, out]."""
     add = G["b"] if residual is None else (residual if G["b"] is None else residual + G["b"])
-    if isinstance(G["w"], _Quantized):
-        y = G["w"].linear(x) if add is None else G["w"].linear(x) + add
-    else:
-        y = F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
-    if G["a"] is not None:
-        y = torch.addmm(y, x @ G["a"].t(), G["bl"].t())
-    return y
+    return F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
 
 
 def _rope(x, cos, sin):
