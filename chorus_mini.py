@@ -76,6 +76,8 @@ PROFILES = {
         "target_mode": "icarus",   # pass targets: the kit's Icarus-calibrated ones when a task has them, else CVDP's
         "gen_batch_size": 64,      # sequences per generate call
         "max_tokens_per_micro": 2048,   # padded tokens per micro-batch in rl/distill (16384: 7 GB RSS in OPD here)
+        "release_fast": None,      # rl/distill free the fast decoder's weights + KV cache before each update:
+                                   # None = only on GPUs under 40 GiB (rl.release_fast_default)
         # data
         "train_tasks": 8,          # synthetic designs asked for (train families); decontamination drops some
         "train_families": "decoder,shift_reg,parity,gray_counter,edge_detector",  # the shortest prompts (~850 tokens); '' = all
@@ -179,7 +181,7 @@ PROFILES["small"] = {
     "test_rounds": 1,          # change in distribution
 }
 
-# Qwen3-4B-class model on one 24 GB GPU. Memory settings are to be confirmed by bench/bench_4b.py.
+# Qwen3-4B-class model on one 24 GB GPU. Memory settings measured by bench/bench_4b.py (results/bench.md).
 PROFILES["4b"] = {
     **PROFILES["small"],
     "model": "Qwen/Qwen3-4B-Instruct-2507",  # the paper's student (HF id; needs the hub or a local copy)
@@ -187,8 +189,10 @@ PROFILES["4b"] = {
     "lora_r": 16,              # bench_4b.py measured r=16 on every linear layer
     "grad_ckpt": True,         # measured: SFT at 4k tokens 8.1 GiB with it, OOM at 24 GiB without
     "sim_workers": 8,
-    "gen_batch_size": 16,      # measured: fast path at batch 64 OOMs under 24 GiB; G=4 x 4096 tok peaks 23.6 GiB (open)
-    "max_tokens_per_micro": 8192,  # measured at 16384: DAPO/OPD steps 11.9 GiB once rl.py --release-fast frees the decoder
+    "gen_batch_size": 16,      # measured under 24 GiB: G=4 x 4096 new tok 16.4 GiB reserved; the fast path halves a
+                               # batch whose KV cache would pass half of free memory (batch 64 ran as 2 x 32, 19.1 GiB)
+    "max_tokens_per_micro": 16384,  # measured: DAPO / OPD steps at 16384 tok peak 11.4 GiB reserved with the decoder freed
+    "release_fast": True,      # measured: with the decoder's state kept, DAPO / OPD steps reach 22.6 / 22.8 GiB
     "eval_max_chars": 40000,   # Qwen3 has a 32k+ context
     "sft_batch_size": 1,       # 1 row x 4096 tokens per micro-batch (measured: fits, see grad_ckpt)
     "sft_grad_accum": 24,      # 24 rows per step = the paper's global batch
@@ -483,7 +487,8 @@ def common_train_opts(c):
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
                   max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
                   gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"]),
-            "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing", "--resume"]
+            "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
+            *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])), "--resume"]
 
 
 def rl_cmd(c, o, model, k):

@@ -489,7 +489,10 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.render:
-        print(render_markdown(json.loads(Path(args.render).read_text())), end="")
+        result = json.loads(Path(args.render).read_text())
+        if args.smollm2_json:
+            result["smollm2"] = json.loads(Path(args.smollm2_json).read_text())
+        print(render_markdown(result), end="")
         return 0
     t_start = time.time()
     mode = "tiny" if args.tiny else "full"

@@ -45,6 +45,12 @@ def test_tiny_run_end_to_end(tmp_path):
     rendered = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_4b.py"), "--render", str(out)],
                               capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert rendered.stdout == table
+    sm = out.parent / "smollm2.json"                   # --render --smollm2-json adds the SmolLM2 rows beside
+    sm.write_text(json.dumps({"model": "S", "rows": [{"batch": 64, "hf_tok_s": 10.0, "fast_tok_s": 400.0,
+                                                       "speedup": 40.0}]}))
+    rendered = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_4b.py"), "--render", str(out),
+                               "--smollm2-json", str(sm)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert "| 64 | 10 | 400 | 40.0 |" in rendered.stdout
 
 
 def test_case_records_oom_and_continues():

@@ -58,6 +58,11 @@ def test_profiles_share_keys():
         assert set(profile) == keys, name
     assert cm.PROFILES["4b"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and cm.PROFILES["4b"]["quant"] == "4bit"
     assert set(cm.NEEDS) <= set(cm.STAGES)
+    # release_fast: True/False are passed on to rl.py and distill.py, None leaves their GPU-size default
+    assert "--release-fast" in cm.common_train_opts(cm.PROFILES["4b"])
+    small = cm.common_train_opts(cm.PROFILES["small"])
+    assert "--release-fast" not in small and "--no-release-fast" not in small
+    assert "--no-release-fast" in cm.common_train_opts(cm.apply_overrides(cm.PROFILES["small"], ["release_fast=false"]))
 
 
 # -----------------------------------------------------------------------------
