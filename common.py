@@ -663,6 +663,11 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # quantized and dequantizing inside every decode step was measured far slower on an H200 (a 4B rollout
 # of 4 x 4096 tokens: over 250 s against ~100 s) and was dropped (results/bench.md).
 #
+# Arithmetic. The model's math is HF's, with fewer kernels: attention is one SDPA call per layer (GQA
+# without repeating K/V), RMSNorm one fused call that rounds once (HF rounds to the input dtype before the
+# weight), rotary one roll + addcmul. In fp32 the logits match HF's forward within 1e-4 (tests); in bf16
+# they can differ by rounding, so greedy outputs of the two paths may part at a near-tie.
+#
 # Sampling is the same distribution as HF generate: logits / temperature, then HF's top-p rule (drop
 # the smallest-probability tokens whose cumulative mass is <= 1 - top_p, always keep the top token),
 # then an exact draw via the exponential race argmax(p / E), E ~ Exp(1) i.i.d. The noise is drawn
@@ -830,8 +835,11 @@ def _fast_state(model):
 
 
 def _rms(x, w, eps):
-    """RMSNorm as in HF (normalize in fp32, cast back, scale). x [..., H], w [H]."""
-    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    """RMSNorm, one kernel: fp32 statistics inside, one rounding at the end (HF casts back to the input
+    dtype before scaling by w: two roundings, <= 1 ulp apart). x [..., H], w [H] (or [heads, H]: per head)."""
+    if w.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * w
 
 
 def _lin(x, G, residual=None):
@@ -840,15 +848,16 @@ def _lin(x, G, residual=None):
     return F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
 
 
-def _rope(x, cos, sin):
-    """Rotary embedding, HF's rotate-half convention. x [N, heads, D], cos/sin [N, 1, D]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def _rope(x, cos, sin_signed):
+    """Rotary embedding, HF's rotate-half convention: x cos + cat(-x2, x1) sin, written as
+    x cos + roll(x, D/2) sin_signed with sin_signed = sin with its first half negated (3 kernels, not 5).
+    x [N, heads, D], cos/sin_signed [N, 1, D]."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
 
 def _qkv(L, m, x, cos, sin):
     """Attention input of one layer. x [N, H] -> q [N, hq, d], k, v [N, hkv, d] (normed, rotated).
-    q and k heads are normed and rotated together (one set of kernels instead of two)."""
+    q and k heads are normed and rotated together (one set of kernels instead of two); sin: signed (_rope)."""
     h = _rms(x, L["ln1"], m["eps"])
     qkv = _lin(h, L["qkv"])
     hq, hkv, d = m["hq"], m["hkv"], m["d"]
@@ -879,15 +888,14 @@ def _prefill(st, slot, ids, b0, b1):
     causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
     allowed = (causal[None] & ok[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)[None]
     x = F.embedding(ids, W["embed"]).view(nb * P, -1)
-    g = m["hq"] // m["hkv"]
     for li, L in enumerate(W["layers"]):
         q, k, v = _qkv(L, m, x, cos, sin)
         k4, v4 = k.view(nb, P, m["hkv"], m["d"]).transpose(1, 2), v.view(nb, P, m["hkv"], m["d"]).transpose(1, 2)
         slot["k"][li, b0:b1, :, :P] = k4
         slot["v"][li, b0:b1, :, :P] = v4
         q4 = q.view(nb, P, m["hq"], m["d"]).transpose(1, 2)
-        att = F.scaled_dot_product_attention(q4, k4.repeat_interleave(g, 1), v4.repeat_interleave(g, 1),
-                                             attn_mask=allowed[:, None], scale=m["scale"])  # [b, hq, P, d]
+        att = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed[:, None], scale=m["scale"],
+                                             enable_gqa=True)                             # [b, hq, P, d]
         x = _lin(att.transpose(1, 2).reshape(nb * P, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
     x = _rms(x.view(nb, P, -1)[:, -1], W["norm"], m["eps"])
@@ -899,7 +907,8 @@ def _sample(logits, temperature, top_p, noise):
     temperature + top-p, drawn exactly with the exponential race argmax(p / E) (noise = E [B, V])."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits / temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     if top_p < 1.0:
         sorted_logits, order = logits.sort(-1)                       # ascending
         drop = sorted_logits.softmax(-1).cumsum(-1) <= (1 - top_p)
@@ -917,18 +926,18 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     B = slot["tok"].shape[0]
     cos, sin = slot["cos"][slot["pos"]][:, None], slot["sin"][slot["pos"]][:, None]   # [B, 1, d]
     valid = slot["key_ok"][:, :Lb] & (slot["ar"][:Lb] <= slot["col"])               # [B, Lb]
-    bias = torch.zeros(B, 1, 1, Lb, device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
-    g = m["hq"] // m["hkv"]
+    bias = torch.zeros(B, 1, 1, Lb, dtype=m["dtype"], device=valid.device).masked_fill(
+        ~valid[:, None, None], float("-inf"))
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
     for li, L in enumerate(W["layers"]):
         q, k, v = _qkv(L, m, x, cos, sin)
         slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
         slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
-        qg = q.view(B, m["hkv"], g, m["d"]) * m["scale"]                                 # [B, hkv, g, d]
-        scores = torch.matmul(qg, slot["k"][li, :, :, :Lb].transpose(-1, -2))          # [B, hkv, g, Lb]
-        p = (scores.float() + bias).softmax(-1).to(qg.dtype)
-        att = torch.matmul(p, slot["v"][li, :, :, :Lb]).reshape(B, -1)                 # [B, hq*d]
-        x = _lin(att, L["o"], residual=x)
+        # one fused SDPA kernel per layer, GQA without repeating K/V (on an H200 cuDNN's kernel reads the
+        # cache near memory bandwidth: bench/profile_decode.py, results/bench.md)
+        att = F.scaled_dot_product_attention(q[:, :, None], slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb],
+                                             attn_mask=bias, scale=m["scale"], enable_gqa=True)  # [B, hq, 1, d]
+        x = _lin(att.reshape(B, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
     logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
     if record is not None:
@@ -936,6 +945,12 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
     slot["col"].add_(1)
     slot["pos"].add_(1)
+
+
+def _signed_sin(sin):
+    """sin [.., D] with its first half negated (see _rope)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _get_slot(st, B, L, device):
@@ -963,7 +978,7 @@ def _get_slot(st, B, L, device):
             "pool": torch.cuda.graph_pool_handle() if device.type == "cuda" else None,
             "k": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
             "v": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
-            "cos": cos[0].to(dt), "sin": sin[0].to(dt),
+            "cos": cos[0].to(dt), "sin": _signed_sin(sin[0]).to(dt),
             "tok": torch.zeros(B, dtype=torch.long, device=device),
             "col": torch.zeros(1, dtype=torch.long, device=device),
             "pos": torch.zeros(B, dtype=torch.long, device=device),

@@ -45,20 +45,17 @@ def timed(fn, device):
     return out, time.perf_counter() - t0
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_args(ap):
+    """--model, --tiny, --quant, --lora-r: what bench_model reads (shared with profile_decode.py)."""
     ap.add_argument("--model", default=None, help="HF id, folder or .gguf (default: embedded SmolLM2 GGUF)")
     ap.add_argument("--tiny", action="store_true", help="use common.tiny_model (CPU smoke run)")
     ap.add_argument("--quant", default="auto", help="auto | none | bf16 | fp32 | 4bit")
-    ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
-    ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (eval uses 0.8)")
-    ap.add_argument("--hf-max-batch", type=int, default=256, help="skip HF generate above this batch")
     ap.add_argument("--lora-r", type=int, default=16, help="LoRA rank of the active adapter (0 = none)")
-    ap.add_argument("--out", default="results/bench_generate.json", help="JSON output path")
-    args = ap.parse_args()
 
+
+def bench_model(args):
+    """(model, tok, device, prompt ids) from --model/--tiny/--quant, with an active LoRA adapter of rank
+    --lora-r whose B is small random (not zero), as in RL rollouts. Shared with profile_decode.py."""
     if args.tiny:
         model, tok = common.tiny_model(0)
     else:
@@ -71,8 +68,20 @@ def main():
                 if "lora_B" in n:
                     p.copy_((torch.randn(p.shape, generator=g) * 1e-3).to(p.dtype))
     model.eval()
-    device = next(model.parameters()).device
-    prompt = common.chat_ids(tok, common.build_messages(TASK))
+    return model, tok, next(model.parameters()).device, common.chat_ids(tok, common.build_messages(TASK))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(ap)
+    ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
+    ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (eval uses 0.8)")
+    ap.add_argument("--hf-max-batch", type=int, default=256, help="skip HF generate above this batch")
+    ap.add_argument("--out", default="results/bench_generate.json", help="JSON output path")
+    args = ap.parse_args()
+    model, tok, device, prompt = bench_model(args)
     N = args.new_tokens
     print(f"device={device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
           f"prompt {len(prompt)} tokens, {N} new tokens per sequence, T={args.temperature}, top_p={args.top_p}")
@@ -107,15 +116,23 @@ def main():
         print(f"{r['batch']:>6} {r.get('hf_tok_s', float('nan')):>10.1f} {r['fast_tok_s']:>11.1f} "
               f"{r.get('speedup', float('nan')):>8.1f} {r['fast_first_s']:>16.2f}")
     print(f"greedy agreement (leading tokens equal, of {greedy['max_new_tokens']}): {agree}")
-    result = {"model": args.model or ("tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"),
-              "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-              "dtype": str(next(model.parameters()).dtype), "prompt_tokens": len(prompt), "lora_r": args.lora_r,
-              "temperature": args.temperature, "top_p": args.top_p, "rows": rows, "greedy_agreement": agree,
-              "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    write_json(args.out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
+                          "top_p": args.top_p, "rows": rows, "greedy_agreement": agree})
+
+
+def run_info(args, model, device, prompt):
+    """The fields that say what ran where (shared with profile_decode.py)."""
+    return {"model": args.model or ("tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"),
+            "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+            "dtype": str(next(model.parameters()).dtype), "prompt_tokens": len(prompt), "lora_r": args.lora_r,
+            "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}
+
+
+def write_json(path, result):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Where the fast decoder's time goes at one batch size: step time with CUDA graphs, and a per-kernel
+table of one decode step from torch.profiler.
+
+Run (GPU):  python bench/profile_decode.py --model SmolLM2-135M-Instruct.Q4_1.gguf --batch 256
+A/B against another version of the decoder (e.g. the last commit's):
+            git show HEAD:common.py > /tmp/common_old.py
+            python bench/profile_decode.py --model ... --common /tmp/common_old.py --out old.json
+     (CPU): python bench/profile_decode.py --tiny --batch 4 --new-tokens 8
+
+Same prompt, LoRA adapter and sampling as bench_generate.py (temperature 1, stop rules off).
+- prefill_s: a call that generates 1 token (prefill of the whole batch + the first sample).
+- step_ms: one decode step, steady state, CUDA graphs on: (t(1 + N new tokens) - t(1 new token)) / N,
+  median of --repeats, after a warm-up call that packs the weights and captures the graphs.
+- kernels: a profiled run without graphs, minus a profiled prefill-only run, divided by the steps:
+  kernel launches per step and GPU time per step, by kernel name. step_ms well above kernel_ms_per_step
+  means the step is bound by launches and gaps between kernels; close to it, by the kernels themselves.
+Writes JSON (--out).
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def load_common(path):
+    """Import `common` from path (another version of the decoder) before anything else imports it."""
+    spec = importlib.util.spec_from_file_location("common", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["common"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kernel_table(prof, cuda):
+    """{name: [launches, microseconds]} over the CUDA kernels of a profiler run (cuda), else over the
+    CPU ops (self time: nested ops are not counted twice)."""
+    out = {}
+    for e in prof.key_averages():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") == cuda:
+            us = getattr(e, "self_device_time_total", None) if cuda else e.self_cpu_time_total
+            row = out.setdefault(e.key, [0, 0.0])
+            row[0] += e.count
+            row[1] += us if us is not None else e.self_cuda_time_total
+    return out
+
+
+def main():
+    pre = argparse.ArgumentParser(add_help=False)       # --common first: it must be imported before the kit's
+    pre.add_argument("--common", default=None)
+    other = pre.parse_known_args()[0].common
+    if other:
+        load_common(other)
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import common
+    from bench_generate import add_model_args, bench_model, run_info, timed, write_json
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(ap)
+    ap.add_argument("--batch", type=int, default=256, help="sequences decoded together")
+    ap.add_argument("--new-tokens", type=int, default=256, help="decode steps timed (and profiled: 1/8 of them)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs (median)")
+    ap.add_argument("--common", default=None, help="path of another common.py to profile instead of the kit's")
+    ap.add_argument("--top", type=int, default=20, help="kernels listed")
+    ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
+    args = ap.parse_args()
+
+    model, tok, device, prompt = bench_model(args)
+    B, N = args.batch, args.new_tokens
+    prompts = [prompt] * B
+    kw = dict(temperature=1.0, top_p=1.0, seed=0, batch_size=B, ignore_stop=True)
+
+    def run(n, **extra):
+        return timed(lambda: common._generate_fast(model, tok, prompts, max_new_tokens=n, **kw, **extra), device)[1]
+
+    first_s = run(1 + N)                               # packs, allocates the slot, captures every graph
+    long = [run(1 + N) for _ in range(args.repeats)]
+    short = [run(1) for _ in range(args.repeats)]
+    step_ms = 1000 * (statistics.median(long) - statistics.median(short)) / N
+
+    S = max(2, N // 8)
+    tables = []
+    for n in (1, 1 + S):
+        run(n, graphs=False)                           # eager warm-up at this length
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            run(n, graphs=False)
+        tables.append(kernel_table(prof, device.type == "cuda"))
+    per_step = {}
+    for k, (c, us) in tables[1].items():
+        c0, us0 = tables[0].get(k, (0, 0.0))
+        if c > c0:
+            per_step[k] = ((c - c0) / S, (us - us0) / S)
+    rows = sorted(per_step.items(), key=lambda kv: -kv[1][1])
+    kernel_us = sum(us for _, us in per_step.values())
+    launches = sum(c for c, _ in per_step.values())
+
+    result = {**run_info(args, model, device, prompt), "common": args.common or "common.py",
+              "batch": B, "new_tokens": N, "first_call_s": round(first_s, 3),
+              "prefill_s": round(statistics.median(short), 4), "step_ms": round(step_ms, 3),
+              "tok_s": round(B * 1000 / step_ms, 1) if step_ms > 0 else None,
+              "profiled_steps": S, "launches_per_step": round(launches, 1),
+              "kernel_ms_per_step": round(kernel_us / 1000, 3),
+              "kernels": [{"name": k[:120], "launches_per_step": round(c, 2), "us_per_step": round(us, 1)}
+                          for k, (c, us) in rows[:args.top]],
+              "command": "python " + " ".join(sys.argv)}
+    print(f"batch {B}: step {step_ms:.3f} ms ({result['tok_s']} tok/s with graphs); eager profile: "
+          f"{launches:.0f} kernel launches and {kernel_us / 1000:.3f} ms of kernel time per step")
+    for r in result["kernels"]:
+        print(f"  {r['us_per_step']:>9.1f} us  {r['launches_per_step']:>6.1f}x  {r['name'][:100]}")
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

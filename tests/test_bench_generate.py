@@ -1,0 +1,46 @@
+"""Tests for the generation benchmarks: bench/bench_generate.py and bench/profile_decode.py on the tiny
+model (CPU; the same code paths as the GPU runs, without CUDA graphs).
+
+Run: python -m pytest -q tests/test_bench_generate.py
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_bench_generate_tiny(tmp_path):
+    out = tmp_path / "gen.json"
+    run(ROOT / "bench" / "bench_generate.py", "--tiny", "--batches", "1,3", "--new-tokens", "8", "--out", out)
+    r = json.loads(out.read_text())
+    assert [row["batch"] for row in r["rows"]] == [1, 3]
+    assert all(row["fast_tok_s"] > 0 and row["hf_tok_s"] > 0 for row in r["rows"])
+    assert r["greedy_agreement"] == [8, 8, 8, 8]              # fp32 on CPU: the two paths agree fully
+
+
+def test_profile_decode_tiny_and_ab(tmp_path):
+    """One profile of the kit's decoder and one of a decoder loaded from another file (--common)."""
+    out = tmp_path / "prof.json"
+    text = run(ROOT / "bench" / "profile_decode.py", "--tiny", "--batch", "3", "--new-tokens", "8",
+               "--repeats", "1", "--out", out)
+    r = json.loads(out.read_text())
+    assert r["batch"] == 3 and r["profiled_steps"] == 2 and r["common"] == "common.py"
+    assert r["step_ms"] is not None and r["prefill_s"] > 0
+    assert r["launches_per_step"] > 10 and r["kernels"] and r["kernels"][0]["us_per_step"] > 0
+    assert "aten::" in " ".join(k["name"] for k in r["kernels"])    # CPU: ops stand in for kernels
+    assert "step" in text and f"wrote {out}" in text
+    copy = tmp_path / "common_copy.py"
+    copy.write_text((ROOT / "common.py").read_text() + "\nprint('profiling the copy of common.py')\n")
+    out2 = tmp_path / "prof_ab.json"
+    text = run(ROOT / "bench" / "profile_decode.py", "--tiny", "--batch", "2", "--new-tokens", "4", "--repeats", "1",
+        "--common", copy, "--out", out2)
+    assert json.loads(out2.read_text())["common"] == str(copy)
+    assert text.count("profiling the copy of common.py") == 1       # that file was imported, and only it
