@@ -181,7 +181,8 @@ PROFILES["small"] = {
     "test_rounds": 1,          # change in distribution
 }
 
-# Qwen3-4B-class model on one 24 GB GPU. Memory settings measured by bench/bench_4b.py (results/bench.md).
+# Qwen3-4B-class model on one 24 GB GPU. Memory settings measured by bench/bench_4b.py at commit ea1538f, before
+# session 4's attention change to the fast decoder (results/bench.md); the training steps do not use that code.
 PROFILES["4b"] = {
     **PROFILES["small"],
     "model": "Qwen/Qwen3-4B-Instruct-2507",  # the paper's student (HF id; needs the hub or a local copy)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # ----------------------------------------------------------------------------------------------
 # 1. device, dtype, seed, cache folder
@@ -663,16 +664,18 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 # quantized and dequantizing inside every decode step was measured far slower on an H200 (a 4B rollout
 # of 4 x 4096 tokens: over 250 s against ~100 s) and was dropped (results/bench.md).
 #
-# Arithmetic. The model's math is HF's, with fewer kernels: attention is one SDPA call per layer (GQA
-# without repeating K/V), RMSNorm one fused call that rounds once (HF rounds to the input dtype before the
-# weight), rotary one roll + addcmul. In fp32 the logits match HF's forward within 1e-4 (tests); in bf16
-# they can differ by rounding, so greedy outputs of the two paths may part at a near-tie.
+# Arithmetic. The model's math is HF's, with fewer kernels: attention is one fused call per layer where
+# cuDNN can run it (see _GQA_BACKENDS), else two matmuls; RMSNorm one fused call that rounds once (HF
+# rounds to the input dtype before the weight); rotary one roll + addcmul. In fp32 the logits match HF's
+# forward within 1e-4 (tests); in bf16 they can differ by rounding, so greedy outputs of the two paths
+# may part at a near-tie.
 #
 # Sampling is the same distribution as HF generate: logits / temperature, then HF's top-p rule (drop
 # the smallest-probability tokens whose cumulative mass is <= 1 - top_p, always keep the top token),
 # then an exact draw via the exponential race argmax(p / E), E ~ Exp(1) i.i.d. The noise is drawn
-# outside the graph from a torch.Generator seeded with `seed`, so results are deterministic and do not
-# depend on when graphs were captured.
+# outside the graph from a torch.Generator seeded with `seed`, so it does not depend on when graphs were
+# captured. Bit-identical outputs across runs also need the GPU kernels to be deterministic, which torch
+# does not promise (results/bench.md saw one greedy run of HF vs the fast path part at a near-tie).
 
 _FAST_ARCHS = ("llama", "qwen2", "qwen3")
 BUCKET = 256         # attention reads the cache up to the next multiple of this: one graph per bucket
@@ -758,6 +761,9 @@ def _pack_weights(model, into=None):
         raise FastUnsupported(f"architecture {cfg.model_type!r} (fast path: {', '.join(_FAST_ARCHS)})")
     if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "use_sliding_window", False):
         raise FastUnsupported("activation other than silu, or sliding-window attention")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim % 2 or getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        raise FastUnsupported("odd head_dim or partial rotary embedding")
     inner = hf.model
     emb = inner.embed_tokens
     if type(emb) is not torch.nn.Embedding:
@@ -835,8 +841,9 @@ def _fast_state(model):
 
 
 def _rms(x, w, eps):
-    """RMSNorm, one kernel: fp32 statistics inside, one rounding at the end (HF casts back to the input
-    dtype before scaling by w: two roundings, <= 1 ulp apart). x [..., H], w [H] (or [heads, H]: per head)."""
+    """RMSNorm. w [H]: one fused kernel, fp32 statistics, one rounding at the end (HF casts back to the
+    input dtype before scaling by w: two roundings, <= 1 ulp apart). w [heads, H] (qwen3's q/k norms, one
+    weight per head): normalize, then scale, as HF does. x [..., H]."""
     if w.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
     return F.rms_norm(x, (x.shape[-1],), eps=eps) * w
@@ -894,8 +901,12 @@ def _prefill(st, slot, ids, b0, b1):
         slot["k"][li, b0:b1, :, :P] = k4
         slot["v"][li, b0:b1, :, :P] = v4
         q4 = q.view(nb, P, m["hq"], m["d"]).transpose(1, 2)
-        att = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed[:, None], scale=m["scale"],
-                                             enable_gqa=True)                             # [b, hq, P, d]
+        if slot["gqa"]:
+            att = _gqa_attention(q4, k4, v4, allowed[:, None], m["scale"])              # [b, hq, P, d]
+        else:   # K/V repeated per query head: torch's memory-efficient kernel takes the mask
+            g = m["hq"] // m["hkv"]
+            att = F.scaled_dot_product_attention(q4, k4.repeat_interleave(g, 1), v4.repeat_interleave(g, 1),
+                                                 attn_mask=allowed[:, None], scale=m["scale"])
         x = _lin(att.transpose(1, 2).reshape(nb * P, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
     x = _rms(x.view(nb, P, -1)[:, -1], W["norm"], m["eps"])
@@ -926,17 +937,21 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     B = slot["tok"].shape[0]
     cos, sin = slot["cos"][slot["pos"]][:, None], slot["sin"][slot["pos"]][:, None]   # [B, 1, d]
     valid = slot["key_ok"][:, :Lb] & (slot["ar"][:Lb] <= slot["col"])               # [B, Lb]
-    bias = torch.zeros(B, 1, 1, Lb, dtype=m["dtype"], device=valid.device).masked_fill(
-        ~valid[:, None, None], float("-inf"))
+    bias = torch.zeros(B, 1, 1, Lb, dtype=m["dtype"] if slot["gqa"] else torch.float32,
+                       device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
+    g = m["hq"] // m["hkv"]
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
     for li, L in enumerate(W["layers"]):
         q, k, v = _qkv(L, m, x, cos, sin)
         slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
         slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
-        # one fused SDPA kernel per layer, GQA without repeating K/V (on an H200 cuDNN's kernel reads the
-        # cache near memory bandwidth: bench/profile_decode.py, results/bench.md)
-        att = F.scaled_dot_product_attention(q[:, :, None], slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb],
-                                             attn_mask=bias, scale=m["scale"], enable_gqa=True)  # [B, hq, 1, d]
+        kc, vc = slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb]
+        if slot["gqa"]:   # one fused kernel per layer (on an H200 it reads the cache near memory bandwidth)
+            att = _gqa_attention(q[:, :, None], kc, vc, bias, m["scale"])                   # [B, hq, 1, d]
+        else:             # two batched matmuls, fp32 softmax; K/V read in place, never repeated
+            qg = q.view(B, m["hkv"], g, m["d"]) * m["scale"]                             # [B, hkv, g, d]
+            p = (torch.matmul(qg, kc.transpose(-1, -2)).float() + bias).softmax(-1).to(qg.dtype)
+            att = torch.matmul(p, vc)                                                    # [B, hkv, g, d]
         x = _lin(att.reshape(B, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
     logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
@@ -945,6 +960,37 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
     slot["col"].add_(1)
     slot["pos"].add_(1)
+
+
+# Attention kernels for GQA with a padding mask. cuDNN's fused kernel takes both without repeating K/V;
+# torch's other fused kernels do not (flash: no mask; memory-efficient: no enable_gqa), and its math
+# fallback would copy K/V in fp32 and build the full score matrix (O(P^2) memory in prefill). So the
+# fused call is pinned to cuDNN, and a slot uses it only when a probe with its own shapes succeeds;
+# elsewhere (CPU, GPUs or builds without it) the decoder keeps the portable forms. Tests set MATH here
+# to run the same call on CPU.
+_GQA_BACKENDS = [SDPBackend.CUDNN_ATTENTION]
+
+
+def _gqa_attention(q, k, v, mask, scale):
+    """SDPA with enable_gqa on the pinned backends: q [b, hq, n, d], k/v [b, hkv, L, d], mask
+    broadcastable to [b, hq, n, L] (bool or additive in q's dtype). Raises RuntimeError where none runs."""
+    with sdpa_kernel(_GQA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def _gqa_works(slot, m, B):
+    """Whether _gqa_attention runs for this slot's decode (additive mask) and prefill (bool mask) shapes."""
+    dev, dt, L = slot["k"].device, m["dtype"], slot["L"]
+    try:
+        for Lb in sorted({min(BUCKET, L), L}):
+            _gqa_attention(torch.zeros(B, m["hq"], 1, m["d"], dtype=dt, device=dev), slot["k"][0, :, :, :Lb],
+                           slot["v"][0, :, :, :Lb], torch.zeros(B, 1, 1, Lb, dtype=dt, device=dev), m["scale"])
+        n = min(L, BUCKET)
+        _gqa_attention(torch.zeros(1, m["hq"], n, m["d"], dtype=dt, device=dev), slot["k"][0, :1, :, :n],
+                       slot["v"][0, :1, :, :n], torch.ones(1, 1, n, n, dtype=torch.bool, device=dev).tril(), m["scale"])
+        return True
+    except RuntimeError:
+        return False
 
 
 def _signed_sin(sin):
@@ -986,6 +1032,7 @@ def _get_slot(st, B, L, device):
             "key_ok": torch.zeros(B, L, dtype=torch.bool, device=device),
             "ar": torch.arange(L, device=device),
             "noise": torch.ones(B, V, dtype=torch.float32, device=device)}
+    slot["gqa"] = _gqa_works(slot, m, B)
     slots[B] = slot
     return slot
 

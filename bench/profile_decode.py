@@ -10,9 +10,12 @@ A/B against another version of the decoder (e.g. the last commit's):
 Same prompt, LoRA adapter and sampling as bench_generate.py (temperature 1, stop rules off).
 - prefill_s: a call that generates 1 token (prefill of the whole batch + the first sample).
 - step_ms: one decode step, steady state, CUDA graphs on: (t(1 + N new tokens) - t(1 new token)) / N,
-  median of --repeats, after a warm-up call that packs the weights and captures the graphs.
+  median of --repeats, after a warm-up call that packs the weights and captures the graphs. It includes
+  the host's share per token (copying the tokens back, detokenising them: ~0.2 ms per step at batch 256
+  on a fast host), as a real generate() call does.
 - kernels: a profiled run without graphs, minus a profiled prefill-only run, divided by the steps:
-  kernel launches per step and GPU time per step, by kernel name. step_ms well above kernel_ms_per_step
+  kernel launches per step and GPU time per step, by kernel name. Only the first N/8 steps are
+  profiled, so their attention reads the shortest cache lengths of the run. step_ms well above kernel_ms_per_step
   means the step is bound by launches and gaps between kernels; close to it, by the kernels themselves.
 Writes JSON (--out).
 """

@@ -287,15 +287,29 @@ def test_fast_picks_up_in_place_weight_updates(tiny):
     assert _tokens(after) != before
 
 
-def test_fast_sampled_logits_match_hf_forward():
-    """Sampling with padding, temperature and top-p: every step's logits equal HF's full forward."""
-    model, tok = common.tiny_model(1, arch="qwen3")
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
+    """Sampling with padding, temperature and top-p: every step's logits equal HF's full forward, with
+    random norm weights (HF initialises them to ones). fused: the one-call GQA attention (on CPU through
+    torch's math kernel; on a GPU cuDNN's), else the portable form (two matmuls / repeated K/V)."""
+    from torch.nn.attention import SDPBackend
+    if fused:
+        monkeypatch.setattr(common, "_GQA_BACKENDS", [SDPBackend.MATH])
+    model, tok = common.tiny_model(1, arch=arch)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(7)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
     _randomize_lora(pm, 4)
     prompts = [common.chat_ids(tok, m) for m in MSGS]
     record = []
     outs = common._generate_fast(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                                  batch_size=3, graphs=False, record=record, ignore_stop=True)
+    slots = common._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
+    assert [s["gqa"] for s in slots.values()] == [fused]      # the path under test is the one that ran
     steps = torch.stack(record, 1)  # [B, steps, V]
     for b, (p, c) in enumerate(zip(prompts, outs)):
         assert len(c.completion_ids) == 24 and c.truncated
@@ -305,6 +319,19 @@ def test_fast_sampled_logits_match_hf_forward():
     again = common._generate_fast(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                                   batch_size=3, graphs=False, ignore_stop=True)
     assert _tokens(again) == _tokens(outs)  # deterministic given seed
+
+
+def test_fast_declines_partial_rotary(capsys):
+    """A model the decoder's rotary cannot do exactly (partial rotary) is declined: generate() says so in
+    one line and uses HF generate, with HF's tokens."""
+    model, tok = common.tiny_model(0)
+    model.config.partial_rotary_factor = 0.5
+    with pytest.raises(common.FastUnsupported, match="partial rotary"):
+        common._pack_weights(model)
+    kw = dict(max_new_tokens=8, temperature=0)
+    out = common.generate(model, tok, MSGS, fast=True, **kw)
+    assert "fast generation unsupported" in capsys.readouterr().out
+    assert _tokens(out) == _tokens(common.generate(model, tok, MSGS, fast=False, **kw))
 
 
 def test_sampler_matches_hf_warpers():
