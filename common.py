@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -981,16 +982,20 @@ def _gqa_attention(q, k, v, mask, scale):
 def _gqa_works(slot, m, B):
     """Whether _gqa_attention runs for this slot's decode (additive mask) and prefill (bool mask) shapes."""
     dev, dt, L = slot["k"].device, m["dtype"], slot["L"]
-    try:
-        for Lb in sorted({min(BUCKET, L), L}):
-            _gqa_attention(torch.zeros(B, m["hq"], 1, m["d"], dtype=dt, device=dev), slot["k"][0, :, :, :Lb],
-                           slot["v"][0, :, :, :Lb], torch.zeros(B, 1, 1, Lb, dtype=dt, device=dev), m["scale"])
-        n = min(L, BUCKET)
-        _gqa_attention(torch.zeros(1, m["hq"], n, m["d"], dtype=dt, device=dev), slot["k"][0, :1, :, :n],
-                       slot["v"][0, :1, :, :n], torch.ones(1, 1, n, n, dtype=torch.bool, device=dev).tril(), m["scale"])
-        return True
-    except RuntimeError:
-        return False
+    with warnings.catch_warnings():          # torch warns per backend it rules out; the probe's answer suffices
+        warnings.simplefilter("ignore")
+        try:
+            for Lb in sorted({min(BUCKET, L), L}):
+                q = torch.zeros(B, m["hq"], 1, m["d"], dtype=dt, device=dev)
+                bias = torch.zeros(B, 1, 1, Lb, dtype=dt, device=dev)
+                _gqa_attention(q, slot["k"][0, :, :, :Lb], slot["v"][0, :, :, :Lb], bias, m["scale"])
+            n = min(L, BUCKET)
+            causal = torch.ones(1, 1, n, n, dtype=torch.bool, device=dev).tril()
+            _gqa_attention(torch.zeros(1, m["hq"], n, m["d"], dtype=dt, device=dev), slot["k"][0, :1, :, :n],
+                           slot["v"][0, :1, :, :n], causal, m["scale"])
+            return True
+        except RuntimeError:
+            return False
 
 
 def _signed_sin(sin):
