@@ -902,9 +902,13 @@ def _prefill(st, slot, ids, b0, b1):
         slot["k"][li, b0:b1, :, :P] = k4
         slot["v"][li, b0:b1, :, :P] = v4
         q4 = q.view(nb, P, m["hq"], m["d"]).transpose(1, 2)
-        if slot["gqa"]:
-            att = _gqa_attention(q4, k4, v4, allowed[:, None], m["scale"])              # [b, hq, P, d]
-        else:   # K/V repeated per query head: torch's memory-efficient kernel takes the mask
+        att = None
+        if slot["gqa_prefill"]:
+            try:
+                att = _gqa_attention(q4, k4, v4, allowed[:, None], m["scale"])          # [b, hq, P, d]
+            except RuntimeError:
+                slot["gqa_prefill"] = False
+        if att is None:   # K/V repeated per query head: torch's memory-efficient kernel takes the mask
             g = m["hq"] // m["hkv"]
             att = F.scaled_dot_product_attention(q4, k4.repeat_interleave(g, 1), v4.repeat_interleave(g, 1),
                                                  attn_mask=allowed[:, None], scale=m["scale"])
@@ -980,7 +984,8 @@ def _gqa_attention(q, k, v, mask, scale):
 
 
 def _gqa_works(slot, m, B):
-    """Whether _gqa_attention runs for this slot's decode (additive mask) and prefill (bool mask) shapes."""
+    """Whether _gqa_attention runs for this slot's decode shapes (one query row per head, additive mask).
+    Prefill tries it too and keeps to the portable form after a first failure (it runs eagerly)."""
     dev, dt, L = slot["k"].device, m["dtype"], slot["L"]
     with warnings.catch_warnings():          # torch warns per backend it rules out; the probe's answer suffices
         warnings.simplefilter("ignore")
@@ -989,10 +994,6 @@ def _gqa_works(slot, m, B):
                 q = torch.zeros(B, m["hq"], 1, m["d"], dtype=dt, device=dev)
                 bias = torch.zeros(B, 1, 1, Lb, dtype=dt, device=dev)
                 _gqa_attention(q, slot["k"][0, :, :, :Lb], slot["v"][0, :, :, :Lb], bias, m["scale"])
-            n = min(L, BUCKET)
-            causal = torch.ones(1, 1, n, n, dtype=torch.bool, device=dev).tril()
-            _gqa_attention(torch.zeros(1, m["hq"], n, m["d"], dtype=dt, device=dev), slot["k"][0, :1, :, :n],
-                           slot["v"][0, :1, :, :n], causal, m["scale"])
             return True
         except RuntimeError:
             return False
@@ -1037,7 +1038,7 @@ def _get_slot(st, B, L, device):
             "key_ok": torch.zeros(B, L, dtype=torch.bool, device=device),
             "ar": torch.arange(L, device=device),
             "noise": torch.ones(B, V, dtype=torch.float32, device=device)}
-    slot["gqa"] = _gqa_works(slot, m, B)
+    slot["gqa"] = slot["gqa_prefill"] = _gqa_works(slot, m, B)
     slots[B] = slot
     return slot
 

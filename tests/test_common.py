@@ -309,7 +309,7 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
     outs = common._generate_fast(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                                  batch_size=3, graphs=False, record=record, ignore_stop=True)
     slots = common._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
-    assert [s["gqa"] for s in slots.values()] == [fused]      # the path under test is the one that ran
+    assert [(s["gqa"], s["gqa_prefill"]) for s in slots.values()] == [(fused, fused)]  # the path under test ran
     steps = torch.stack(record, 1)  # [B, steps, V]
     for b, (p, c) in enumerate(zip(prompts, outs)):
         assert len(c.completion_ids) == 24 and c.truncated
@@ -319,6 +319,26 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
     again = common._generate_fast(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                                   batch_size=3, graphs=False, ignore_stop=True)
     assert _tokens(again) == _tokens(outs)  # deterministic given seed
+
+
+def test_fast_prefill_falls_back_when_the_fused_call_fails(monkeypatch):
+    """A prefill shape the fused kernel refuses: that prefill and later ones take the portable form, decode
+    keeps the fused one, and the tokens still equal HF's."""
+    from torch.nn.attention import SDPBackend
+    monkeypatch.setattr(common, "_GQA_BACKENDS", [SDPBackend.MATH])
+    fused = common._gqa_attention
+
+    def no_prefill(q, k, v, mask, scale):
+        if q.shape[2] > 1:
+            raise RuntimeError("no kernel for this shape")
+        return fused(q, k, v, mask, scale)
+    monkeypatch.setattr(common, "_gqa_attention", no_prefill)
+    model, tok = common.tiny_model(0)
+    kw = dict(max_new_tokens=10, temperature=0)
+    fast = common.generate(model, tok, MSGS, fast=True, **kw)
+    slot = next(iter(common._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
+    assert slot["gqa"] and not slot["gqa_prefill"]
+    assert _tokens(fast) == _tokens(common.generate(model, tok, MSGS, fast=False, **kw))
 
 
 def test_fast_declines_partial_rotary(capsys):
