@@ -50,6 +50,20 @@ def set_seed(seed):
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def git_info():
+    """{"commit", "dirty"} of the kit's checkout, for benchmark records (None values outside git)."""
+    import subprocess
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return {"commit": commit or None, "dirty": dirty if commit else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
 def cache_dir(path=None):
     """Cache folder: the argument, else $CHORUS_CACHE, else ~/.cache/chorus-mini (created on use)."""
     d = Path(path or os.environ.get("CHORUS_CACHE") or Path.home() / ".cache" / "chorus-mini").expanduser()

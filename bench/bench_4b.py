@@ -40,7 +40,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -448,17 +447,6 @@ def versions():
     return out
 
 
-def git_info():
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-        return {"commit": commit or None, "dirty": dirty}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
 # -----------------------------------------------------------------------------
 # Main
 
@@ -692,7 +680,7 @@ def main(argv=None):
     result = {"bench": "bench_4b", "mode": mode, "command": command,
               "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)),
               "wall_s": round(time.time() - t_start, 1), "hardware": hardware, "versions": versions(),
-              "git": git_info(), "env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")},
+              "git": common.git_info(), "env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")},
               "model": model_info, "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in S.items()},
               "cases": bench.cases, "summary": summary, "notes": notes}
     if args.smollm2_json and Path(args.smollm2_json).is_file():

@@ -120,19 +120,9 @@ def main():
                           "top_p": args.top_p, "rows": rows, "greedy_agreement": agree})
 
 
-def git_state():
-    """'<commit>' or '<commit>-dirty' of the checkout the bench runs from (None outside git)."""
-    import subprocess
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
-                              text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except OSError:
-        return None
-
-
 def run_info(args, model, device, prompt):
     """The fields that say what ran where (shared with profile_decode.py)."""
-    return {"git": git_state(), "model": args.model or ("tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"),
+    return {"git": common.git_info(), "model": args.model or ("tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"),
             "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
             "dtype": str(next(model.parameters()).dtype), "prompt_tokens": len(prompt), "lora_r": args.lora_r,
             "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}

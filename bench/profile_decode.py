@@ -45,10 +45,9 @@ def kernel_table(prof, cuda):
     out = {}
     for e in prof.key_averages():
         if str(getattr(e, "device_type", "")).endswith("CUDA") == cuda:
-            us = getattr(e, "self_device_time_total", None) if cuda else e.self_cpu_time_total
             row = out.setdefault(e.key, [0, 0.0])
             row[0] += e.count
-            row[1] += us if us is not None else e.self_cuda_time_total
+            row[1] += e.self_device_time_total if cuda else e.self_cpu_time_total
     return out
 
 

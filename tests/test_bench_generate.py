@@ -24,6 +24,7 @@ def test_bench_generate_tiny(tmp_path):
     assert [row["batch"] for row in r["rows"]] == [1, 3]
     assert all(row["fast_tok_s"] > 0 and row["hf_tok_s"] > 0 for row in r["rows"])
     assert r["greedy_agreement"] == [8, 8, 8, 8]              # fp32 on CPU: the two paths agree fully
+    assert set(r["git"]) == {"commit", "dirty"}                 # which code ran is recorded
 
 
 def test_profile_decode_tiny_and_ab(tmp_path):
