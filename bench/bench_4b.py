@@ -16,7 +16,7 @@ What it does, in order:
     every run): one warm-up, then --reps timed runs; time = median, peak = max over all runs.
       sft          one optimizer step: grad-accum micro-batches of 1 row x 4096 tokens (sft.py's step;
                    gradient checkpointing on); sft_nogc: the same without checkpointing (sft.py's default)
-      rollout      one DAPO group on the fast path: G=4 samples x 4096 new tokens (common._generate_fast)
+      rollout      one DAPO group on the fast path: G=4 samples x 4096 new tokens (fastgen.generate)
       dapo         rl.train_on_batch on G=4 x 2 rounds = 8 rows of up to 4096 response tokens,
                    micro-batched, with the old-log-prob recompute pass (steps_per_generation=2),
                    while the fast decoder's weights and KV cache stay resident as in rl.py
@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 import distill  # noqa: E402
+import fastgen  # noqa: E402
 import rl  # noqa: E402
 import sft  # noqa: E402
 
@@ -170,8 +171,7 @@ def free_memory():
 
 def drop_fast_state(model):
     """Release the fast decoder's packed weights, KV slots and CUDA graphs (kept on the HF model)."""
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hf.__dict__.pop("_chorus_fast", None)
+    fastgen.free_fast_cache(model)
     free_memory()
 
 
@@ -270,7 +270,7 @@ def make_opd_step(model, optimizer, rows, teachers, S, pad_id):
 
 def make_gen(model, tok, path, prompts, new_tokens, seed=0):
     """Exactly new_tokens per sequence (stop rules off) through one of common.generate's two paths."""
-    fn = common._generate_fast if path == "fast" else common._generate_hf
+    fn = fastgen.generate if path == "fast" else common._generate_hf
 
     def run():
         model.eval()
@@ -410,7 +410,7 @@ def render_markdown(result):
     batches = sorted({c["batch"] for c in gen.values()})
     S = result["sizes"]
     lines += ["", f"Generation: {S['gen_prompt']}-token prompt, {S['gen_new_tokens']} new tokens per sequence "
-              "(stop rules off), temperature 1, active LoRA; fast path = common._generate_fast (static KV cache, "
+              "(stop rules off), temperature 1, active LoRA; fast path = fastgen.generate (static KV cache, "
               "CUDA graphs, 4-bit base dequantised once to bf16).", "",
               "| batch | HF tok/s | fast tok/s | fast / HF | fast 1st call s | HF peak GiB | fast peak GiB | status |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

@@ -1,4 +1,5 @@
-"""Tokens/s of HF `generate` vs the fast static-cache decoder (common.generate's two paths).
+"""Tokens/s of HF `generate` vs the fast static-cache decoder (common.generate's two paths:
+common._generate_hf and fastgen.generate).
 
 Run (GPU):  python bench/bench_generate.py                      # SmolLM2-135M, batches 1/16/64/256
             python bench/bench_generate.py --model Qwen/Qwen3-4B-Instruct-2507 --batches 1,16,64
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import common  # noqa: E402
+import fastgen  # noqa: E402
 
 TASK = {"id": "bench", "spec_files": [], "instruction":
         "Generate a SystemVerilog testbench. The top module is 'counter', and its instance name should be 'dut'.",
@@ -91,9 +93,9 @@ def main():
     for B in [int(b) for b in args.batches.split(",")]:
         prompts = [prompt] * B
         row = {"batch": B, "new_tokens": N}
-        _, t = timed(lambda: common._generate_fast(model, tok, prompts, batch_size=B, **kw), device)
+        _, t = timed(lambda: fastgen.generate(model, tok, prompts, batch_size=B, **kw), device)
         row["fast_first_s"] = round(t, 3)
-        _, t = timed(lambda: common._generate_fast(model, tok, prompts, batch_size=B, **kw), device)
+        _, t = timed(lambda: fastgen.generate(model, tok, prompts, batch_size=B, **kw), device)
         row["fast_s"], row["fast_tok_s"] = round(t, 3), round(B * N / t, 1)
         if B <= args.hf_max_batch:
             _, t = timed(lambda: common._generate_hf(model, tok, prompts, batch_size=B, **kw), device)
@@ -104,7 +106,7 @@ def main():
 
     greedy = dict(max_new_tokens=min(N, 128), temperature=0, seed=0, batch_size=4, ignore_stop=True)
     a = common._generate_hf(model, tok, [prompt] * 4, top_p=1.0, **greedy)
-    b = common._generate_fast(model, tok, [prompt] * 4, top_p=1.0, **greedy)
+    b = fastgen.generate(model, tok, [prompt] * 4, top_p=1.0, **greedy)
     agree = []
     for x, y in zip(a, b):
         n = next((i for i, (u, v) in enumerate(zip(x.completion_ids, y.completion_ids)) if u != v),

@@ -3,13 +3,13 @@
 Run (CUDA only):  python bench/decode_attention.py --out results/generate_s4/decode_attention.json
 
 One query token per sequence against a left-padded bf16 KV cache slice [B, kv_heads, Lb, d] (a view of a
-cache allocated at the largest Lb, as in common._decode_step; at that largest Lb the view is the whole,
+cache allocated at the largest Lb, as in fastgen._decode_step; at that largest Lb the view is the whole,
 contiguous cache), masked by an additive bias [B, 1, 1, Lb]. The printed floor assumes the card's spec
 bandwidth (--bandwidth-tb-s); a real copy reaches less, so the floor is optimistic. Each variant is
 CUDA-graph captured and replayed; the time is the mean of 50 replays. Variants:
 - math_old: two batched matmuls with fp32 softmax in between (the fast decoder up to commit ea1538f)
 - <backend> grouped-rows: SDPA, the g query heads sharing a KV head passed as g query rows
-- <backend> gqa q1: SDPA with one query row per head and enable_gqa=True (what common.py uses now)
+- <backend> gqa q1: SDPA with one query row per head and enable_gqa=True (what fastgen.py uses now)
 - FLASH ... NOMASK: no mask at all (not usable for padded batches; a speed reference only)
 - math 2 gemm only-core: math_old without the scale multiply (scale folded into q beforehand)
 The default shape is SmolLM2-135M's (3 KV heads, 3 query heads each, head dim 64) at batch 256.

@@ -3,8 +3,9 @@ table of one decode step from torch.profiler.
 
 Run (GPU):  python bench/profile_decode.py --model SmolLM2-135M-Instruct.Q4_1.gguf --batch 256
 A/B against another version of the decoder (e.g. the last commit's):
-            git show HEAD:common.py > /tmp/common_old.py
-            python bench/profile_decode.py --model ... --common /tmp/common_old.py --out old.json
+            git show HEAD:fastgen.py > /tmp/fastgen_old.py
+            python bench/profile_decode.py --model ... --decoder /tmp/fastgen_old.py --out old.json
+     (commits before the decoder left common.py for fastgen.py cannot be loaded this way)
      (CPU): python bench/profile_decode.py --tiny --batch 4 --new-tokens 8
 
 Same prompt, LoRA adapter and sampling as bench_generate.py (temperature 1, stop rules off).
@@ -30,11 +31,11 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
-def load_common(path):
-    """Import `common` from path (another version of the decoder) before anything else imports it."""
-    spec = importlib.util.spec_from_file_location("common", path)
+def load_decoder(path):
+    """Import `fastgen` from path (another version of the decoder) before anything else imports it."""
+    spec = importlib.util.spec_from_file_location("fastgen", path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["common"] = mod
+    sys.modules["fastgen"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -52,14 +53,14 @@ def kernel_table(prof, cuda):
 
 
 def main():
-    pre = argparse.ArgumentParser(add_help=False)       # --common first: it must be imported before the kit's
-    pre.add_argument("--common", default=None)
-    other = pre.parse_known_args()[0].common
+    pre = argparse.ArgumentParser(add_help=False)       # --decoder first: it must be imported before the kit's
+    pre.add_argument("--decoder", default=None)
+    other = pre.parse_known_args()[0].decoder
     if other:
-        load_common(other)
+        load_decoder(other)
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import common
+    import fastgen
     from bench_generate import add_model_args, bench_model, run_info, timed, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -67,7 +68,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256, help="sequences decoded together")
     ap.add_argument("--new-tokens", type=int, default=256, help="decode steps timed (and profiled: 1/8 of them)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (median)")
-    ap.add_argument("--common", default=None, help="path of another common.py to profile instead of the kit's")
+    ap.add_argument("--decoder", default=None, help="path of another fastgen.py to profile instead of the kit's")
     ap.add_argument("--top", type=int, default=20, help="kernels listed")
     ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
     args = ap.parse_args()
@@ -78,7 +79,7 @@ def main():
     kw = dict(temperature=1.0, top_p=1.0, seed=0, batch_size=B, ignore_stop=True)
 
     def run(n, **extra):
-        return timed(lambda: common._generate_fast(model, tok, prompts, max_new_tokens=n, **kw, **extra), device)[1]
+        return timed(lambda: fastgen.generate(model, tok, prompts, max_new_tokens=n, **kw, **extra), device)[1]
 
     first_s = run(1 + N)                               # packs, allocates the slot, captures every graph
     long = [run(1 + N) for _ in range(args.repeats)]
@@ -104,7 +105,7 @@ def main():
     kernel_us = sum(us for _, us in per_step.values())
     launches = sum(c for c, _ in per_step.values())
 
-    result = {**run_info(args, model, device, prompt), "common": args.common or "common.py",
+    result = {**run_info(args, model, device, prompt), "decoder": args.decoder or "fastgen.py",
               "batch": B, "new_tokens": N, "first_call_s": round(first_s, 3),
               "prefill_s": round(statistics.median(short), 4), "step_ms": round(step_ms, 3),
               "tok_s": round(B * 1000 / step_ms, 1) if step_ms > 0 else None,

@@ -28,20 +28,20 @@ def test_bench_generate_tiny(tmp_path):
 
 
 def test_profile_decode_tiny_and_ab(tmp_path):
-    """One profile of the kit's decoder and one of a decoder loaded from another file (--common)."""
+    """One profile of the kit's decoder and one of a decoder loaded from another file (--decoder)."""
     out = tmp_path / "prof.json"
     text = run(ROOT / "bench" / "profile_decode.py", "--tiny", "--batch", "3", "--new-tokens", "8",
                "--repeats", "1", "--out", out)
     r = json.loads(out.read_text())
-    assert r["batch"] == 3 and r["profiled_steps"] == 2 and r["common"] == "common.py"
+    assert r["batch"] == 3 and r["profiled_steps"] == 2 and r["decoder"] == "fastgen.py"
     assert r["step_ms"] is not None and r["prefill_s"] > 0
     assert r["launches_per_step"] > 10 and r["kernels"] and r["kernels"][0]["us_per_step"] > 0
     assert "aten::" in " ".join(k["name"] for k in r["kernels"])    # CPU: ops stand in for kernels
     assert "step" in text and f"wrote {out}" in text
-    copy = tmp_path / "common_copy.py"
-    copy.write_text((ROOT / "common.py").read_text() + "\nprint('profiling the copy of common.py')\n")
+    copy = tmp_path / "fastgen_copy.py"
+    copy.write_text((ROOT / "fastgen.py").read_text() + "\nprint('profiling the copy of fastgen.py')\n")
     out2 = tmp_path / "prof_ab.json"
     text = run(ROOT / "bench" / "profile_decode.py", "--tiny", "--batch", "2", "--new-tokens", "4", "--repeats", "1",
-        "--common", copy, "--out", out2)
-    assert json.loads(out2.read_text())["common"] == str(copy)
-    assert text.count("profiling the copy of common.py") == 1       # that file was imported, and only it
+        "--decoder", copy, "--out", out2)
+    assert json.loads(out2.read_text())["decoder"] == str(copy)
+    assert text.count("profiling the copy of fastgen.py") == 1       # that file was imported, and only it
