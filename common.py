@@ -75,7 +75,7 @@ def cache_dir(path=None):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. prompts and parsing (method.md §1.3-1.6)
+# 2. prompts and parsing (docs/method.md §1.3-1.6)
 
 OUTPUT_REQUIREMENTS = """OUTPUT REQUIREMENTS:
 1. State the filename in plain text on its own line as `filename: tb_xxxx.sv`.
@@ -196,7 +196,7 @@ _PARSE_INSTRUCTION = {
 
 
 def feedback_message(result):
-    """The follow-up user message for one scored answer (method.md §1.6), three parts:
+    """The follow-up user message for one scored answer (docs/method.md §1.6), three parts:
     'Response parse result:', 'EDA result:' (status, stage compile|simulate|success, then the log or
     the coverage detail from sim.format_feedback), 'Instruction for next round:' + output rules.
 
@@ -252,7 +252,7 @@ def default_model_path():
 
 def _clear_gguf_quantizer(model):
     """A GGUF-loaded llama is dequantized to dense weights but keeps the GGUF quantizer flags, which
-    make save_pretrained and Trainer refuse it (stack.md §1.1). Drop them."""
+    make save_pretrained and Trainer refuse it (docs/stack.md §1.1). Drop them."""
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
