@@ -42,39 +42,26 @@ from pathlib import Path
 
 import pyslang
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py, harness.py
+import common  # noqa: E402
+import harness  # noqa: E402
+import sim  # noqa: E402
+from harness import HarnessError, analyze_dut  # noqa: E402  (re-exported: callers use teacher.analyze_dut)
 
 LEVELS = ("minimal", "weak", "medium", "strong", "long")
 ICARUS_METRIC = "icarus_overall_average"
 EXHAUSTIVE_BITS = 12        # sweep every input combination when the data inputs total <= this
 MAX_DEEP_CYCLES = 65536     # cap on a refinement's long run (counters/FSMs), keeps sims < ~2 s
+CYCLE_BUDGET_CHARS = 4000   # RTL size (characters) up to which cycle counts are used as written; larger
+                            # designs get proportionally fewer cycles (issue 16: 20 s timeouts)
 
 
-class TeacherError(Exception):
-    """A design the template teacher cannot drive (e.g. unpacked-array or interface ports)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Answer text (the kit's format; common.py owns it, the fallback is only for a partial checkout)
-# ----------------------------------------------------------------------------------------------
-
-def render_answer(filename, code):
-    try:
-        import common
-        return common.render_answer(filename, code)
-    except ImportError:
-        return f"filename: {filename}\n```systemverilog\n{code.rstrip()}\n```"
+TeacherError = HarnessError     # a design the template teacher cannot drive (harness.py says why)
 
 
 def answer_code(answer_text):
-    """The testbench code of an answer text, or None when it has no code block."""
-    try:
-        import common
-        ans = common.parse_answer(answer_text)
-        return ans.code or None
-    except ImportError:
-        m = re.search(r"```(?:systemverilog|verilog|sv)?\s*\n(.*?)```", answer_text, re.S)
-        return m.group(1) if m else None
+    """The testbench code of an answer text (common.parse_answer), or None when it has no code block."""
+    return common.parse_answer(answer_text).code or None
 
 
 def _as_dict(result):
@@ -82,85 +69,6 @@ def _as_dict(result):
     if result is None:
         return {}
     return result.to_dict() if hasattr(result, "to_dict") else dict(result)
-
-
-# ----------------------------------------------------------------------------------------------
-# DUT analysis (pyslang)
-# ----------------------------------------------------------------------------------------------
-
-_DUT_CACHE = {}
-
-
-def analyze_dut(task):
-    """Ports of the task's top module, elaborated with default parameters.
-
-    Returns {top, inst, ports: [{name, dir, width}], clocks: [name], resets: [{name, active_low}],
-    data: [{name, width}] (inputs that are neither clock nor reset), timescale (text or None),
-    rtl: {file name: text}}. Raises TeacherError when the design cannot be driven.
-    """
-    key = (task["id"], task["dut_module_name"], tuple(f["content"] for f in task["rtl_files"]))
-    if key in _DUT_CACHE:
-        return _DUT_CACHE[key]
-    top = task["dut_module_name"]
-    opts = pyslang.ast.CompilationOptions()
-    opts.topModules = {top}
-    comp = pyslang.ast.Compilation(pyslang.Bag([opts]))
-    for f in task["rtl_files"]:
-        comp.addSyntaxTree(pyslang.syntax.SyntaxTree.fromText(f["content"], f["name"]))
-    insts = [i for i in comp.getRoot().topInstances if i.name == top]
-    if not insts:
-        raise TeacherError(f"{task['id']}: top module '{top}' not found in the RTL files")
-    rtl_text = "\n".join(f["content"] for f in task["rtl_files"])
-    ports = []
-    for p in insts[0].body.portList:
-        if p.kind != pyslang.ast.SymbolKind.Port:
-            raise TeacherError(f"{task['id']}: port '{p.name}' is an interface/multiport, not supported")
-        if not p.type.isIntegral:
-            raise TeacherError(f"{task['id']}: port '{p.name}' has non-integral type {p.type}")
-        d = {pyslang.ast.ArgumentDirection.In: "input", pyslang.ast.ArgumentDirection.Out: "output"}.get(
-            p.direction, "inout")
-        ports.append({"name": p.name, "dir": d, "width": int(p.type.bitWidth)})
-    clocks, resets, data = [], [], []
-    for p in ports:
-        if p["dir"] != "input":
-            continue
-        kind = _classify_input(p, rtl_text)
-        if kind == "clock":
-            clocks.append(p["name"])
-        elif kind == "reset":
-            resets.append({"name": p["name"], "active_low": _reset_active_low(p["name"], rtl_text)})
-        else:
-            data.append({"name": p["name"], "width": p["width"]})
-    m = re.search(r"`timescale\s+[^\n]+", rtl_text)
-    info = {"top": top, "inst": task["dut_instance_name"], "ports": ports, "clocks": clocks,
-            "resets": resets, "data": data, "timescale": m.group(0).strip() if m else None,
-            "rtl": {f["name"]: f["content"] for f in task["rtl_files"]}}
-    _DUT_CACHE[key] = info
-    return info
-
-
-def _classify_input(p, rtl):
-    if p["width"] != 1:
-        return "data"
-    low = p["name"].lower()
-    edge = re.search(r"(pos|neg)edge\s+" + re.escape(p["name"]) + r"\b", rtl) is not None
-    if re.search(r"(rst|reset)", low):
-        return "reset"
-    if re.fullmatch(r"(i_|in_)?(clk|clock|sys_clk|clk_?i|clk_in|[a-z]?clk|clk\d|clock_?i)", low):
-        return "clock"
-    if edge and re.search(r"(clk|clock)", low) and not re.search(r"(en|enable|div|sel)", low):
-        return "clock"
-    return "data"
-
-
-def _reset_active_low(name, rtl):
-    n = re.escape(name)
-    if re.search(r"negedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*(!|~)\s*" + n + r"\s*\)", rtl) \
-            or re.search(r"\b" + n + r"\s*==\s*(1'b)?0\b", rtl):
-        return True
-    if re.search(r"posedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*" + n + r"\s*\)", rtl):
-        return False
-    return re.search(r"(_n|n|_b|_l|_ni)$", name.lower()) is not None and not name.lower().endswith("_in")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,15 +88,71 @@ def testbench_name(info):
     return f"tb_{info['top']}"
 
 
-def template_code(task, level="strong", seed=0):
-    """SystemVerilog code of a template testbench at one strength level (see the module docstring)."""
+def _budget(info):
+    """Share of the template's cycle counts a design gets: 1 up to CYCLE_BUDGET_CHARS of RTL, then
+    inversely to the RTL size (a simulated cycle costs about in proportion to it), at least 1/20."""
+    size = sum(len(t) for t in info["rtl"].values())
+    return max(0.05, min(1.0, CYCLE_BUDGET_CHARS / max(1, size)))
+
+
+def _n(count, budget):
+    return count if budget >= 1.0 else max(8, int(count * budget))
+
+
+def _knobs(info, level):
     if level not in LEVEL_KNOBS:
         raise ValueError(f"unknown level {level!r}; choose from {', '.join(LEVELS)}")
-    info = analyze_dut(task)
     k = dict(LEVEL_KNOBS[level])
     W = sum(d["width"] for d in info["data"])
     if level == "long" and W > 64:      # wide designs are slow to simulate: fewer, still long, runs
         k["n_random"], k["scale"] = k["n_random"] * 64 // W, max(1, k["scale"] * 64 // W)
+    return k, W
+
+
+def _level_body(info, level, v):
+    """The stimulus statements of one strength level, in a vocabulary `v`: W (the data width as text),
+    drive(x) (assign x to all data inputs at once), step, reset, rnd (a W-bit random value), var (a
+    W-bit scratch variable), start (statements that zero the inputs and reset the DUT)."""
+    k, W = _knobs(info, level)
+    b = _budget(info)
+    clocked = bool(info["clocks"])
+    TW, drive, step, rnd = v["W"], v["drive"], v["step"], v["rnd"]
+    body = list(v["start"])
+    if level == "minimal":
+        body.append(f"repeat (4) {step}")
+    if W and k["corners"]:
+        body.append(f"{drive(chr(39) + '1')} {step} {step} {drive(chr(39) + '0')} {step} {step}")
+    if W and k["strong"]:
+        body.append(f"{drive(f'{{({TW}+1)/2{{2{chr(39)}b01}}}}')} {step} {drive(f'{{({TW}+1)/2{{2{chr(39)}b10}}}}')} {step}")
+        body.append(f"for (int i = 0; i < {TW}; i++) begin {v['var']} = '0; {v['var']}[i] = 1'b1; {drive(v['var'])} {step} end")
+        body.append(f"for (int i = 0; i < {TW}; i++) begin {v['var']} = '1; {v['var']}[i] = 1'b0; {drive(v['var'])} {step} end")
+        if W <= EXHAUSTIVE_BITS:
+            body.append(f"for (int i = 0; i < (1 << {TW}); i++) begin {drive('i')} {step} end")
+        else:
+            for d in info["data"]:
+                if d["width"] <= 8:
+                    body.append(f"for (int i = 0; i < {1 << d['width']}; i++) begin "
+                                f"{drive(rnd)} {d['name']} = i; {step} end")
+    if W and k["n_random"]:
+        body.append(f"repeat ({_n(k['n_random'], b)}) begin {drive(rnd)} {step} end")
+    if W and k["strong"] and clocked:
+        s = k["scale"]
+        body.append(f"repeat ({_n(150 * s, b)}) begin {drive(rnd)} repeat (1 + {v['urnd']} % 8) {step} end")
+        body.append(f"repeat ({_n(300 * s, b)}) begin {drive(f'{rnd} & {rnd} & {rnd}')} {step} end")
+        body.append(f"repeat ({_n(300 * s, b)}) begin {drive(f'{rnd} | {rnd} | {rnd}')} {step} end")
+    if k["strong"] and clocked and not W:
+        body.append(f"repeat ({_n(2000 * k['scale'], b)}) {step}")
+    if k["strong"] and info["resets"]:
+        body.append(v["reset"])
+        if W:
+            body.append(f"repeat ({_n(100 * k['scale'], b)}) begin {drive(rnd)} {step} end")
+    return body
+
+
+def template_code(task, level="strong", seed=0):
+    """SystemVerilog code of a template testbench at one strength level (see the module docstring)."""
+    info = analyze_dut(task)
+    k, W = _knobs(info, level)
     clocked = bool(info["clocks"])
     L = []
     if info["timescale"]:
@@ -219,43 +183,10 @@ def template_code(task, level="strong", seed=0):
         off = "; ".join(f"{r['name']} = 1'b{1 if r['active_low'] else 0}" for r in info["resets"])
         L.append(f"  task tb_reset; {on}; repeat (2) tb_step; {off}; tb_step; endtask")
     L.append("  initial begin")
-    body = []
-    if W:
-        body.append("tb_drive('0);")
-    if info["resets"]:
-        body.append("tb_reset;")
-    else:
-        body.append("tb_step;")
-    if level == "minimal":
-        body.append("repeat (4) tb_step;")
-    if W and k["corners"]:
-        body.append("tb_drive('1); tb_step; tb_step; tb_drive('0); tb_step; tb_step;")
-    if W and k["strong"]:
-        body.append(f"tb_drive({{(TB_W+1)/2{{2'b01}}}}); tb_step; tb_drive({{(TB_W+1)/2{{2'b10}}}}); tb_step;")
-        body.append("for (int i = 0; i < TB_W; i++) begin tb_v = '0; tb_v[i] = 1'b1; tb_drive(tb_v); tb_step; end")
-        body.append("for (int i = 0; i < TB_W; i++) begin tb_v = '1; tb_v[i] = 1'b0; tb_drive(tb_v); tb_step; end")
-        if W <= EXHAUSTIVE_BITS:
-            body.append("for (int i = 0; i < (1 << TB_W); i++) begin tb_drive(i); tb_step; end")
-        else:
-            for d in info["data"]:
-                if d["width"] <= 8:
-                    body.append(f"for (int i = 0; i < {1 << d['width']}; i++) begin "
-                                f"tb_drive(tb_rnd()); {d['name']} = i; tb_step; end")
-    if W and k["n_random"]:
-        body.append(f"repeat ({k['n_random']}) begin tb_drive(tb_rnd()); tb_step; end")
-    if W and k["strong"] and clocked:
-        s = k["scale"]
-        body.append(f"repeat ({150 * s}) begin tb_drive(tb_rnd()); repeat (1 + {{$random(tb_seed)}} % 8) tb_step; end")
-        body.append(f"repeat ({300 * s}) begin tb_drive(tb_rnd() & tb_rnd() & tb_rnd()); tb_step; end")
-        body.append(f"repeat ({300 * s}) begin tb_drive(tb_rnd() | tb_rnd() | tb_rnd()); tb_step; end")
-    if k["strong"] and clocked and not W:
-        body.append(f"repeat ({2000 * k['scale']}) tb_step;")
-    if k["strong"] and info["resets"]:
-        body.append("tb_reset;")
-        if W:
-            body.append(f"repeat ({100 * k['scale']}) begin tb_drive(tb_rnd()); tb_step; end")
-    body.append("// end of stimulus")
-    body.append("$finish;")
+    start = (["tb_drive('0);"] if W else []) + (["tb_reset;"] if info["resets"] else ["tb_step;"])
+    voc = {"W": "TB_W", "drive": lambda x: f"tb_drive({x});", "step": "tb_step;", "reset": "tb_reset;",
+           "rnd": "tb_rnd()", "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": start}
+    body = _level_body(info, level, voc) + ["// end of stimulus", "$finish;"]
     L.extend("    " + b for b in body)
     L.append("  end")
     L.append("endmodule")
@@ -265,7 +196,7 @@ def template_code(task, level="strong", seed=0):
 def template_answer(task, level="strong", seed=0):
     """The answer text (filename line + systemverilog block) of a template testbench."""
     info = analyze_dut(task)
-    return render_answer(testbench_name(info).lower() + ".sv", template_code(task, level, seed))
+    return common.render_answer(testbench_name(info).lower() + ".sv", template_code(task, level, seed))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,12 +298,13 @@ def _hex(width, value):
     return f"{width}'h{value & ((1 << width) - 1):x}"
 
 
-def _phases(info, pmap, result, code):
-    """Stimulus phases (SystemVerilog statements) that target the result's uncovered items."""
+def _phases(info, pmap, result, code, step=None):
+    """Stimulus phases (SystemVerilog statements) that target the result's uncovered items. `step`: the
+    statement that waits one cycle (default: the clock's falling edge, or #5 without a clock)."""
     clk = pmap.get(info["clocks"][0]) if info["clocks"] else None
     if info["clocks"] and not clk:
         return None
-    step = f"@(negedge {clk});" if clk else "#5;"
+    step = step or (f"@(negedge {clk});" if clk else "#5;")
     data = [d for d in info["data"] if d["name"] in pmap]
     widths = {d["name"]: d["width"] for d in data}
     sig = {d["name"]: pmap[d["name"]] for d in data}
@@ -450,6 +382,7 @@ def _phases(info, pmap, result, code):
     if deep_bits >= 0:
         width = sum(d["width"] for d in data)      # wide designs simulate slowly: shorter runs
         cycles = min(MAX_DEEP_CYCLES, max(512, 1 << min(16, deep_bits + 2))) * 32 // max(32, width)
+        cycles = _n(cycles, _budget(info))                  # and large designs too
         if clk:
             if data:
                 sparse = " ".join(f"{sig[d['name']]} = {{{', '.join(['$urandom'] * math.ceil(d['width'] / 32))}}} & "
@@ -499,7 +432,7 @@ def refine(task, answer_text, result, seed=0):
         fixed = re.sub(r"(\b" + re.escape(info["top"]) + r"\s*(#\s*\((?:[^()]|\([^()]*\))*\))?\s*)([A-Za-z_]\w*)(\s*\()",
                        lambda m: m.group(1) + info["inst"] + m.group(4), code, count=1)
         if fixed != code:
-            return render_answer(fname, fixed)
+            return common.render_answer(fname, fixed)
         return template_answer(task, "strong", seed)
     if status in ("timeout", "output_limit"):
         return template_answer(task, "medium", seed)
@@ -519,7 +452,7 @@ def refine(task, answer_text, result, seed=0):
     first = len(re.findall(r"\btb_refine_\d+", code))       # fresh block names on a second refinement
     block = "".join(f"begin : tb_refine_{first + i}\n" + "\n".join(indent + "  " + ln for ln in ph.splitlines())
                     + f"\n{indent}end\n{indent}" for i, ph in enumerate(phases))
-    return render_answer(fname, code[:pos] + block + code[pos:])
+    return common.render_answer(fname, code[:pos] + block + code[pos:])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -545,7 +478,7 @@ def corrupt(task, answer_text, kind, seed=0):
         code = code.replace("initial begin", "initial begin\n    assert property (@(posedge tb_seed[0]) 1);", 1)
     else:
         raise ValueError(f"unknown corruption {kind!r}; choose from {', '.join(CORRUPTIONS)}")
-    return render_answer(fname, code)
+    return common.render_answer(fname, code)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -586,7 +519,6 @@ class HFTeacher:
         self.last_completions = []          # the common.Completion objects of the last call
 
     def _generate(self, messages_list):
-        import common
         prev = None
         if self.adapter_name is not None:
             if self.adapter_name not in getattr(self.model, "peft_config", {}):
@@ -606,12 +538,10 @@ class HFTeacher:
         return [c.text for c in comps]
 
     def direct(self, tasks, n=1):
-        import common
         texts = self._generate([common.build_messages(t) for t in tasks for _ in range(n)])
         return [texts[i * n:(i + 1) * n] for i in range(len(tasks))]
 
     def refine(self, states):
-        import common
         return self._generate([common.refine_messages(t, a, r) for t, a, r in states])
 
 
@@ -640,11 +570,9 @@ class ChatTeacher:
             raise RuntimeError(f"chat endpoint {self.url}: unexpected reply {str(data)[:200]}")
 
     def direct(self, tasks, n=1):
-        import common
         return [[self.chat(common.build_messages(t)) for _ in range(n)] for t in tasks]
 
     def refine(self, states):
-        import common
         return [self.chat(common.refine_messages(t, a, r)) for t, a, r in states]
 
 
@@ -665,7 +593,6 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
     Each returned task is a copy with `targets` (old entries kept, the Icarus one replaced) and
     `icarus_calibration` = {reached_pct, strong_pct, long_pct, refined_pct, rule}.
     """
-    import sim
     jobs, keep = [], []
     for t in tasks:
         try:
@@ -725,7 +652,6 @@ def main(argv=None):
     c.add_argument("--workers", type=int, default=None)
     c.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     args = ap.parse_args(argv)
-    import sim
     tasks = sim.load_tasks(args.tasks)
     if args.cmd == "show":
         hit = [t for t in tasks if t["id"] == args.id]
