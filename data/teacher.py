@@ -482,6 +482,100 @@ def corrupt(task, answer_text, kind, seed=0):
 
 
 # ----------------------------------------------------------------------------------------------
+# Stimulus-mode answers (answer_mode "stimulus": harness.py writes the harness, the teacher the stimulus)
+# ----------------------------------------------------------------------------------------------
+
+ANSWER_MODES = ("testbench", "stimulus")
+FLOOR_LEVEL, CEILING_LEVEL = "minimal", "strong"    # the results table's floor and ceiling stimulus
+
+
+def template_stimulus(task, level="strong", seed=0):
+    """The stimulus body of one strength level, in the harness's vocabulary (step, reset_dut): the same
+    phases as the template testbench, driving the DUT's own inputs. Raises HarnessError (via
+    harness.make_harness) for a design the kit cannot harness."""
+    harness.make_harness(task)
+    info = analyze_dut(task)
+    W = sum(d["width"] for d in info["data"])
+    cat = "{" + ", ".join(d["name"] for d in info["data"]) + "}"
+    rnd = "{" + ", ".join(["$random(tb_seed)"] * math.ceil(W / 32)) + "}"
+    voc = {"W": str(W), "drive": lambda x: f"{cat} = {x};", "step": "step(1);", "reset": "reset_dut();",
+           "rnd": rnd, "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": []}
+    body = _level_body(info, level, voc)
+    text = "\n".join(body)
+    decl = [f"logic [{W - 1}:0] tb_v;"] if "tb_v" in text else []
+    if "tb_seed" in text:
+        decl = ["integer tb_seed;"] + decl + [f"tb_seed = {seed * 7919 + 1};"]
+    return "\n".join(decl + body) + "\n"
+
+
+def stimulus_answer(task, level="strong", seed=0):
+    """The answer text (one systemverilog block) of a template stimulus."""
+    return harness.render_stimulus(template_stimulus(task, level, seed))
+
+
+def refine_stimulus(task, answer_text, result, seed=0):
+    """The teacher's improved stimulus for one state (stimulus answer + the scorer's result of the
+    assembled testbench): on ok, the given stimulus with phases appended that target the uncovered
+    items (as `refine` does for testbenches, in the harness's vocabulary); a parse failure, a rejected
+    or failing stimulus gets the strong template; a timeout or output limit the medium one."""
+    info = analyze_dut(task)
+    st = harness.parse_stimulus(answer_text)
+    res = _as_dict(result)
+    status = res.get("status")
+    if status in ("timeout", "output_limit"):
+        return stimulus_answer(task, "medium", seed)
+    if st.reason != "ok" or status != "ok":
+        return stimulus_answer(task, "strong", seed)
+    pmap = {p["name"]: p["name"] for p in info["ports"]}       # the harness names signals after ports
+    phases = _phases(info, pmap, res, st.body, step="step(1);") or \
+        _phases(info, pmap, {"uncovered": [{"metric": "fsm"}]}, st.body, step="step(1);") or []
+    first = len(re.findall(r"\btb_refine_\d+", st.body))     # fresh block names on a second refinement
+    blocks = [f"begin : tb_refine_{first + i}\n" + "\n".join("  " + ln for ln in ph.splitlines()) + "\nend"
+              for i, ph in enumerate(phases)]
+    return harness.render_stimulus("\n".join([st.body.rstrip("\n")] + blocks))
+
+
+STIMULUS_CORRUPTIONS = ("syntax", "undeclared", "unsupported")
+
+
+def corrupt_stimulus(task, answer_text, kind, seed=0):
+    """A broken copy of a stimulus answer: one of STIMULUS_CORRUPTIONS."""
+    body = harness.parse_stimulus(answer_text).body
+    lines = body.splitlines()
+    at = min(len(lines), 1 + seed % max(1, len(lines)))             # after this line
+    if kind == "syntax":
+        i = next((j for j in range(at - 1, len(lines)) if lines[j].rstrip().endswith(";")), None)
+        if i is None:
+            lines.append("step(1)")
+        else:
+            lines[i] = lines[i].rstrip()[:-1]
+    elif kind == "undeclared":
+        lines.insert(at, "tb_unused_sig = 1'b0;")
+    elif kind == "unsupported":
+        lines.insert(at, "assert property (@(posedge tb_unused_clk) 1);")
+    else:
+        raise ValueError(f"unknown corruption {kind!r}; choose from {', '.join(STIMULUS_CORRUPTIONS)}")
+    return harness.render_stimulus("\n".join(lines))
+
+
+def _first_messages(task, mode):
+    return harness.stimulus_messages(task, harness.make_harness(task)) if mode == "stimulus" \
+        else common.build_messages(task)
+
+
+def _refine_state(task, answer_text, result, mode):
+    if mode == "stimulus":
+        return harness.stimulus_refine_messages(task, harness.make_harness(task), answer_text, result)
+    return common.refine_messages(task, answer_text, result)
+
+
+def _check_mode(mode):
+    if mode not in ANSWER_MODES:
+        raise ValueError(f"unknown answer mode {mode!r}; choose from {', '.join(ANSWER_MODES)}")
+    return mode
+
+
+# ----------------------------------------------------------------------------------------------
 # Teacher interface
 # ----------------------------------------------------------------------------------------------
 # Teacher protocol: any object with
@@ -490,18 +584,21 @@ def corrupt(task, answer_text, kind, seed=0):
 #                                         result None = the answer did not parse (nothing simulated)
 
 class TemplateTeacher:
-    """Rule-based teacher. `level` is the strength of direct answers; tries differ by seed."""
+    """Rule-based teacher. `level` is the strength of direct answers; tries differ by seed; `mode`
+    "stimulus" answers with stimulus bodies for harness.py's harness instead of whole testbenches."""
 
-    def __init__(self, level="strong", seed=0):
+    def __init__(self, level="strong", seed=0, mode="testbench"):
         if level not in LEVEL_KNOBS:
             raise ValueError(f"unknown level {level!r}; choose from {', '.join(LEVELS)}")
-        self.level, self.seed = level, seed
+        self.level, self.seed, self.mode = level, seed, _check_mode(mode)
 
     def direct(self, tasks, n=1):
-        return [[template_answer(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
+        make = stimulus_answer if self.mode == "stimulus" else template_answer
+        return [[make(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
 
     def refine(self, states):
-        return [refine(t, a, r, self.seed) for t, a, r in states]
+        fix = refine_stimulus if self.mode == "stimulus" else refine
+        return [fix(t, a, r, self.seed) for t, a, r in states]
 
 
 class HFTeacher:
@@ -511,8 +608,8 @@ class HFTeacher:
     seed + the call's index, so repeated calls sample differently but a run is reproducible."""
 
     def __init__(self, model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0,
-                 adapter_name=None, batch_size=64):
-        self.model, self.tok = model, tok
+                 adapter_name=None, batch_size=64, mode="testbench"):
+        self.model, self.tok, self.mode = model, tok, _check_mode(mode)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.seed, self.adapter_name, self.batch_size = seed, adapter_name, batch_size
         self.calls = 0
@@ -538,17 +635,19 @@ class HFTeacher:
         return [c.text for c in comps]
 
     def direct(self, tasks, n=1):
-        texts = self._generate([common.build_messages(t) for t in tasks for _ in range(n)])
+        texts = self._generate([_first_messages(t, self.mode) for t in tasks for _ in range(n)])
         return [texts[i * n:(i + 1) * n] for i in range(len(tasks))]
 
     def refine(self, states):
-        return self._generate([common.refine_messages(t, a, r) for t, a, r in states])
+        return self._generate([_refine_state(t, a, r, self.mode) for t, a, r in states])
 
 
 class ChatTeacher:
     """A teacher behind an OpenAI-compatible chat endpoint (POST {url}/v1/chat/completions)."""
 
-    def __init__(self, url, model, api_key=None, temperature=0.7, top_p=0.8, max_tokens=8192, timeout_s=600):
+    def __init__(self, url, model, api_key=None, temperature=0.7, top_p=0.8, max_tokens=8192, timeout_s=600,
+                 mode="testbench"):
+        self.mode = _check_mode(mode)
         self.url = url.rstrip("/")
         if not self.url.endswith("/chat/completions"):
             self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
@@ -570,10 +669,10 @@ class ChatTeacher:
             raise RuntimeError(f"chat endpoint {self.url}: unexpected reply {str(data)[:200]}")
 
     def direct(self, tasks, n=1):
-        return [[self.chat(common.build_messages(t)) for _ in range(n)] for t in tasks]
+        return [[self.chat(_first_messages(t, self.mode)) for _ in range(n)] for t in tasks]
 
     def refine(self, states):
-        return [self.chat(common.refine_messages(t, a, r)) for t, a, r in states]
+        return [self.chat(_refine_state(t, a, r, self.mode)) for t, a, r in states]
 
 
 # ----------------------------------------------------------------------------------------------
