@@ -77,7 +77,8 @@ def analyze_dut(task):
     data: [{name, width}] (inputs that are neither clock nor reset), timescale (text or None),
     rtl: {file name: text}}. Raises HarnessError when the design cannot be driven.
     """
-    key = (task["id"], task["dut_module_name"], tuple(f["content"] for f in task["rtl_files"]))
+    key = (task["id"], task["dut_module_name"], task["dut_instance_name"],
+           tuple((f["name"], f["content"]) for f in task["rtl_files"]))
     if key in _DUT_CACHE:
         return _DUT_CACHE[key]
     top = task["dut_module_name"]
