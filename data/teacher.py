@@ -89,9 +89,10 @@ def testbench_name(info):
 
 
 def _budget(info):
-    """Share of the template's cycle counts a design gets: 1 up to CYCLE_BUDGET_CHARS of RTL, then
+    """Share of the template's cycle counts a design gets: 1 up to CYCLE_BUDGET_CHARS of RTL (comments
+    left out), then
     inversely to the RTL size (a simulated cycle costs about in proportion to it), at least 1/20."""
-    size = sum(len(t) for t in info["rtl"].values())
+    size = sum(len(re.sub(r"//[^\n]*|/\*.*?\*/", "", t, flags=re.S)) for t in info["rtl"].values())
     return max(0.05, min(1.0, CYCLE_BUDGET_CHARS / max(1, size)))
 
 
