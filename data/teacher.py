@@ -10,6 +10,14 @@ Two teachers share one interface (`Teacher` below):
   with common.generate on the same prompts (direct: build_messages; refine: the memoryless state
   refine_messages(task, answer, result)).
 
+Answer modes (`mode=`): "testbench" (whole testbenches, the paper's format) or "stimulus" (the
+body of harness.py's `stimulus` block: `template_stimulus` / `stimulus_answer` write the same phases in
+the harness's vocabulary, `refine_stimulus` appends directed phases to a stimulus, `corrupt_stimulus`
+breaks one; the results table's floor is FLOOR_LEVEL, its ceiling CEILING_LEVEL). The DUT analysis
+(`analyze_dut`, `TeacherError` = harness.HarnessError) lives in harness.py; the answer format is
+common.render_answer / common.parse_answer. Cycle counts are sized to the design: up to
+CYCLE_BUDGET_CHARS of RTL as written, fewer in proportion beyond.
+
 Teacher protocol: `direct(tasks, n) -> list[list[str]]` (n answer texts per task) and
 `refine(states) -> list[str]` (one answer per state (task, answer_text, result); result is a SimResult,
 its dict, or None when the answer did not parse, i.e. nothing was simulated).
@@ -28,6 +36,7 @@ min(cvdp_target, floor(reached)) (CVDP targets are 90, calibrated for Xcelium/IM
 
 CLI:
   python data/teacher.py show TASKS.jsonl --id ID --level strong     # print one testbench
+  python data/teacher.py show TASKS.jsonl --id ID --mode stimulus    # print one stimulus and its harness
   python data/teacher.py calibrate TASKS.jsonl --out tasks_cal.jsonl  # reachable targets
 Files written: only by `calibrate` (--out, the tasks with an added Icarus target and a
 `icarus_calibration` record).
@@ -497,7 +506,8 @@ def template_stimulus(task, level="strong", seed=0):
     harness.make_harness(task)
     info = analyze_dut(task)
     W = sum(d["width"] for d in info["data"])
-    cat = "{" + ", ".join(d["name"] for d in info["data"]) + "}"
+    names = [d["name"] for d in info["data"]]
+    cat = names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
     rnd = "{" + ", ".join(["$random(tb_seed)"] * math.ceil(W / 32)) + "}"
     voc = {"W": str(W), "drive": lambda x: f"{cat} = {x};", "step": "step(1);", "reset": "reset_dut();",
            "rnd": rnd, "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": []}
@@ -746,6 +756,7 @@ def main(argv=None):
     s.add_argument("--id", required=True)
     s.add_argument("--level", default="strong", choices=LEVELS)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mode", default="testbench", choices=ANSWER_MODES)
     c = sub.add_parser("calibrate", help="add Icarus-calibrated reachable targets to tasks")
     c.add_argument("tasks")
     c.add_argument("--out", required=True)
@@ -757,7 +768,13 @@ def main(argv=None):
         hit = [t for t in tasks if t["id"] == args.id]
         if not hit:
             sys.exit(f"error: no task with id {args.id!r} in {args.tasks}")
-        print(template_answer(hit[0], args.level, args.seed))
+        try:
+            if args.mode == "stimulus":
+                print(harness.make_harness(hit[0]).source() + "\n" + stimulus_answer(hit[0], args.level, args.seed))
+            else:
+                print(template_answer(hit[0], args.level, args.seed))
+        except HarnessError as e:
+            sys.exit(f"error: {e}")
         return
     tasks = tasks[:args.limit] if args.limit else tasks
     out = calibrate(tasks, workers=args.workers)
