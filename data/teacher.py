@@ -511,7 +511,7 @@ def template_stimulus(task, level="strong", seed=0):
     rnd = "{" + ", ".join(["$random(tb_seed)"] * math.ceil(W / 32)) + "}"
     voc = {"W": str(W), "drive": lambda x: f"{cat} = {x};", "step": "step(1);", "reset": "reset_dut();",
            "rnd": rnd, "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": []}
-    body = _level_body(info, level, voc)
+    body = _level_body(info, level, voc) or ["step(1);"]       # no inputs, no clock: still one statement
     text = "\n".join(body)
     decl = [f"logic [{W - 1}:0] tb_v;"] if "tb_v" in text else []
     if "tb_seed" in text:

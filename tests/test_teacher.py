@@ -345,6 +345,8 @@ def test_stimulus_answers_are_design_aware_and_pass_the_checks():
     assert teacher.template_stimulus(TASKS[0], "strong", 0) != teacher.template_stimulus(TASKS[0], "strong", 1)
     assert teacher.template_stimulus(TASKS[0], teacher.FLOOR_LEVEL) == "repeat (4) step(1);\n"
     assert "{en, op, din} = {$random(tb_seed)};" in teacher.template_stimulus(TASKS[0], "weak")
+    const = make_task("module k (output logic y);\n  assign y = 1'b0;\nendmodule\n", "k")
+    assert harness.parse_stimulus(teacher.stimulus_answer(const, "strong")) == harness.Stimulus("step(1);", "ok")
 
 
 def test_cycle_counts_are_sized_to_the_design():
