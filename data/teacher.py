@@ -98,11 +98,13 @@ def testbench_name(info):
 
 
 def _budget(info):
-    """Share of the template's cycle counts a design gets: 1 up to CYCLE_BUDGET_CHARS of RTL (comments
-    left out), then
-    inversely to the RTL size (a simulated cycle costs about in proportion to it), at least 1/20."""
+    """Share of the template's cycle counts a design gets: 1 up to a cost of CYCLE_BUDGET_CHARS, then
+    inversely to the cost, at least 1/20. Cost: the RTL's characters (comments left out) or 32 per port
+    bit, whichever is larger (a simulated cycle costs about in proportion to the RTL, and wide ports
+    mean wide toggle monitors: a 256-cell array of 900 characters ran 7 s at full length)."""
     size = sum(len(re.sub(r"//[^\n]*|/\*.*?\*/", "", t, flags=re.S)) for t in info["rtl"].values())
-    return max(0.05, min(1.0, CYCLE_BUDGET_CHARS / max(1, size)))
+    cost = max(size, 32 * sum(p["width"] for p in info["ports"]))
+    return max(0.05, min(1.0, CYCLE_BUDGET_CHARS / max(1, cost)))
 
 
 def _n(count, budget):

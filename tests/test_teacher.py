@@ -354,8 +354,11 @@ def test_cycle_counts_are_sized_to_the_design():
     extra = "".join(f"  logic [7:0] r{i};\n  always_ff @(posedge clk) r{i} <= din ^ 8'd{i} + r{i};\n" for i in range(60))
     big = dict(small, id="test_cnt_big", rtl_files=[{"name": "cnt.sv", "content": COUNTER.replace("endmodule", extra + "endmodule")}])
     padded = dict(small, id="test_cnt_pad", rtl_files=[{"name": "cnt.sv", "content": "// " + "x" * 9000 + "\n" + COUNTER}])
+    wide = make_task("module w (input clk, input [511:0] a, output reg [511:0] y);\n"
+                     "  always @(posedge clk) y <= a;\nendmodule\n", "w")
     counts = {t["id"]: [int(n) for n in re.findall(r"repeat \((\d+)\)", teacher.template_code(t, "strong")
-                                                   .split("initial begin")[-1])] for t in (small, big, padded)}
+                                                   .split("initial begin")[-1])] for t in (small, big, padded, wide)}
+    assert all(w < s for w, s in zip(counts["test_w"], counts["test_cnt"]))   # wide ports cost too
     assert counts["test_cnt"] == [300, 150, 300, 300, 100]       # as written up to CYCLE_BUDGET_CHARS
     assert counts["test_cnt_pad"] == counts["test_cnt"]          # comments do not count
     assert all(b < s for b, s in zip(counts["test_cnt_big"], counts["test_cnt"]))
