@@ -10,6 +10,14 @@ Two teachers share one interface (`Teacher` below):
   with common.generate on the same prompts (direct: build_messages; refine: the memoryless state
   refine_messages(task, answer, result)).
 
+Answer modes (`mode=`): "testbench" (whole testbenches, the paper's format) or "stimulus" (the
+body of harness.py's `stimulus` block: `template_stimulus` / `stimulus_answer` write the same phases in
+the harness's vocabulary, `refine_stimulus` appends directed phases to a stimulus, `corrupt_stimulus`
+breaks one; the results table's floor is FLOOR_LEVEL, its ceiling CEILING_LEVEL). The DUT analysis
+(`analyze_dut`, `TeacherError` = harness.HarnessError) lives in harness.py; the answer format is
+common.render_answer / common.parse_answer. Cycle counts are sized to the design: up to
+CYCLE_BUDGET_CHARS of RTL as written, fewer in proportion beyond.
+
 Teacher protocol: `direct(tasks, n) -> list[list[str]]` (n answer texts per task) and
 `refine(states) -> list[str]` (one answer per state (task, answer_text, result); result is a SimResult,
 its dict, or None when the answer did not parse, i.e. nothing was simulated).
@@ -28,6 +36,7 @@ min(cvdp_target, floor(reached)) (CVDP targets are 90, calibrated for Xcelium/IM
 
 CLI:
   python data/teacher.py show TASKS.jsonl --id ID --level strong     # print one testbench
+  python data/teacher.py show TASKS.jsonl --id ID --mode stimulus    # print one stimulus and its harness
   python data/teacher.py calibrate TASKS.jsonl --out tasks_cal.jsonl  # reachable targets
 Files written: only by `calibrate` (--out, the tasks with an added Icarus target and a
 `icarus_calibration` record).
@@ -42,39 +51,26 @@ from pathlib import Path
 
 import pyslang
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py, harness.py
+import common  # noqa: E402
+import harness  # noqa: E402
+import sim  # noqa: E402
+from harness import HarnessError, analyze_dut  # noqa: E402  (re-exported: callers use teacher.analyze_dut)
 
 LEVELS = ("minimal", "weak", "medium", "strong", "long")
 ICARUS_METRIC = "icarus_overall_average"
 EXHAUSTIVE_BITS = 12        # sweep every input combination when the data inputs total <= this
 MAX_DEEP_CYCLES = 65536     # cap on a refinement's long run (counters/FSMs), keeps sims < ~2 s
+CYCLE_BUDGET_CHARS = 4000   # RTL size (characters) up to which cycle counts are used as written; larger
+                            # designs get proportionally fewer cycles (issue 16: 20 s timeouts)
 
 
-class TeacherError(Exception):
-    """A design the template teacher cannot drive (e.g. unpacked-array or interface ports)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Answer text (the kit's format; common.py owns it, the fallback is only for a partial checkout)
-# ----------------------------------------------------------------------------------------------
-
-def render_answer(filename, code):
-    try:
-        import common
-        return common.render_answer(filename, code)
-    except ImportError:
-        return f"filename: {filename}\n```systemverilog\n{code.rstrip()}\n```"
+TeacherError = HarnessError     # a design the template teacher cannot drive (harness.py says why)
 
 
 def answer_code(answer_text):
-    """The testbench code of an answer text, or None when it has no code block."""
-    try:
-        import common
-        ans = common.parse_answer(answer_text)
-        return ans.code or None
-    except ImportError:
-        m = re.search(r"```(?:systemverilog|verilog|sv)?\s*\n(.*?)```", answer_text, re.S)
-        return m.group(1) if m else None
+    """The testbench code of an answer text (common.parse_answer), or None when it has no code block."""
+    return common.parse_answer(answer_text).code or None
 
 
 def _as_dict(result):
@@ -82,85 +78,6 @@ def _as_dict(result):
     if result is None:
         return {}
     return result.to_dict() if hasattr(result, "to_dict") else dict(result)
-
-
-# ----------------------------------------------------------------------------------------------
-# DUT analysis (pyslang)
-# ----------------------------------------------------------------------------------------------
-
-_DUT_CACHE = {}
-
-
-def analyze_dut(task):
-    """Ports of the task's top module, elaborated with default parameters.
-
-    Returns {top, inst, ports: [{name, dir, width}], clocks: [name], resets: [{name, active_low}],
-    data: [{name, width}] (inputs that are neither clock nor reset), timescale (text or None),
-    rtl: {file name: text}}. Raises TeacherError when the design cannot be driven.
-    """
-    key = (task["id"], task["dut_module_name"], tuple(f["content"] for f in task["rtl_files"]))
-    if key in _DUT_CACHE:
-        return _DUT_CACHE[key]
-    top = task["dut_module_name"]
-    opts = pyslang.ast.CompilationOptions()
-    opts.topModules = {top}
-    comp = pyslang.ast.Compilation(pyslang.Bag([opts]))
-    for f in task["rtl_files"]:
-        comp.addSyntaxTree(pyslang.syntax.SyntaxTree.fromText(f["content"], f["name"]))
-    insts = [i for i in comp.getRoot().topInstances if i.name == top]
-    if not insts:
-        raise TeacherError(f"{task['id']}: top module '{top}' not found in the RTL files")
-    rtl_text = "\n".join(f["content"] for f in task["rtl_files"])
-    ports = []
-    for p in insts[0].body.portList:
-        if p.kind != pyslang.ast.SymbolKind.Port:
-            raise TeacherError(f"{task['id']}: port '{p.name}' is an interface/multiport, not supported")
-        if not p.type.isIntegral:
-            raise TeacherError(f"{task['id']}: port '{p.name}' has non-integral type {p.type}")
-        d = {pyslang.ast.ArgumentDirection.In: "input", pyslang.ast.ArgumentDirection.Out: "output"}.get(
-            p.direction, "inout")
-        ports.append({"name": p.name, "dir": d, "width": int(p.type.bitWidth)})
-    clocks, resets, data = [], [], []
-    for p in ports:
-        if p["dir"] != "input":
-            continue
-        kind = _classify_input(p, rtl_text)
-        if kind == "clock":
-            clocks.append(p["name"])
-        elif kind == "reset":
-            resets.append({"name": p["name"], "active_low": _reset_active_low(p["name"], rtl_text)})
-        else:
-            data.append({"name": p["name"], "width": p["width"]})
-    m = re.search(r"`timescale\s+[^\n]+", rtl_text)
-    info = {"top": top, "inst": task["dut_instance_name"], "ports": ports, "clocks": clocks,
-            "resets": resets, "data": data, "timescale": m.group(0).strip() if m else None,
-            "rtl": {f["name"]: f["content"] for f in task["rtl_files"]}}
-    _DUT_CACHE[key] = info
-    return info
-
-
-def _classify_input(p, rtl):
-    if p["width"] != 1:
-        return "data"
-    low = p["name"].lower()
-    edge = re.search(r"(pos|neg)edge\s+" + re.escape(p["name"]) + r"\b", rtl) is not None
-    if re.search(r"(rst|reset)", low):
-        return "reset"
-    if re.fullmatch(r"(i_|in_)?(clk|clock|sys_clk|clk_?i|clk_in|[a-z]?clk|clk\d|clock_?i)", low):
-        return "clock"
-    if edge and re.search(r"(clk|clock)", low) and not re.search(r"(en|enable|div|sel)", low):
-        return "clock"
-    return "data"
-
-
-def _reset_active_low(name, rtl):
-    n = re.escape(name)
-    if re.search(r"negedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*(!|~)\s*" + n + r"\s*\)", rtl) \
-            or re.search(r"\b" + n + r"\s*==\s*(1'b)?0\b", rtl):
-        return True
-    if re.search(r"posedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*" + n + r"\s*\)", rtl):
-        return False
-    return re.search(r"(_n|n|_b|_l|_ni)$", name.lower()) is not None and not name.lower().endswith("_in")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,15 +97,74 @@ def testbench_name(info):
     return f"tb_{info['top']}"
 
 
-def template_code(task, level="strong", seed=0):
-    """SystemVerilog code of a template testbench at one strength level (see the module docstring)."""
+def _budget(info):
+    """Share of the template's cycle counts a design gets: 1 up to a cost of CYCLE_BUDGET_CHARS, then
+    inversely to the cost, at least 1/20. Cost: the RTL's characters (comments left out) or 32 per port
+    bit, whichever is larger (a simulated cycle costs about in proportion to the RTL, and wide ports
+    mean wide toggle monitors: a 256-cell array of 900 characters ran 7 s at full length)."""
+    size = sum(len(re.sub(r"//[^\n]*|/\*.*?\*/", "", t, flags=re.S)) for t in info["rtl"].values())
+    cost = max(size, 32 * sum(p["width"] for p in info["ports"]))
+    return max(0.05, min(1.0, CYCLE_BUDGET_CHARS / max(1, cost)))
+
+
+def _n(count, budget):
+    return count if budget >= 1.0 else max(8, int(count * budget))
+
+
+def _knobs(info, level):
     if level not in LEVEL_KNOBS:
         raise ValueError(f"unknown level {level!r}; choose from {', '.join(LEVELS)}")
-    info = analyze_dut(task)
     k = dict(LEVEL_KNOBS[level])
     W = sum(d["width"] for d in info["data"])
     if level == "long" and W > 64:      # wide designs are slow to simulate: fewer, still long, runs
         k["n_random"], k["scale"] = k["n_random"] * 64 // W, max(1, k["scale"] * 64 // W)
+    return k, W
+
+
+def _level_body(info, level, v):
+    """The stimulus statements of one strength level, in a vocabulary `v`: W (the data width as text),
+    drive(x) (assign x to all data inputs at once), step, reset, rnd (a W-bit random value), var (a
+    W-bit scratch variable), start (statements that zero the inputs and reset the DUT)."""
+    k, W = _knobs(info, level)
+    b = _budget(info)
+    clocked = bool(info["clocks"])
+    TW, drive, step, rnd = v["W"], v["drive"], v["step"], v["rnd"]
+    body = list(v["start"])
+    if level == "minimal":
+        body.append(f"repeat (4) {step}")
+    if W and k["corners"]:
+        body.append(f"{drive(chr(39) + '1')} {step} {step} {drive(chr(39) + '0')} {step} {step}")
+    if W and k["strong"]:
+        body.append(f"{drive(f'{{({TW}+1)/2{{2{chr(39)}b01}}}}')} {step} {drive(f'{{({TW}+1)/2{{2{chr(39)}b10}}}}')} {step}")
+        body.append(f"for (int i = 0; i < {TW}; i++) begin {v['var']} = '0; {v['var']}[i] = 1'b1; {drive(v['var'])} {step} end")
+        body.append(f"for (int i = 0; i < {TW}; i++) begin {v['var']} = '1; {v['var']}[i] = 1'b0; {drive(v['var'])} {step} end")
+        if W <= EXHAUSTIVE_BITS:
+            body.append(f"for (int i = 0; i < (1 << {TW}); i++) begin {drive('i')} {step} end")
+        else:
+            for d in info["data"]:
+                if d["width"] <= 8:
+                    body.append(f"for (int i = 0; i < {1 << d['width']}; i++) begin "
+                                f"{drive(rnd)} {d['name']} = i; {step} end")
+    if W and k["n_random"]:
+        body.append(f"repeat ({_n(k['n_random'], b)}) begin {drive(rnd)} {step} end")
+    if W and k["strong"] and clocked:
+        s = k["scale"]
+        body.append(f"repeat ({_n(150 * s, b)}) begin {drive(rnd)} repeat (1 + {v['urnd']} % 8) {step} end")
+        body.append(f"repeat ({_n(300 * s, b)}) begin {drive(f'{rnd} & {rnd} & {rnd}')} {step} end")
+        body.append(f"repeat ({_n(300 * s, b)}) begin {drive(f'{rnd} | {rnd} | {rnd}')} {step} end")
+    if k["strong"] and clocked and not W:
+        body.append(f"repeat ({_n(2000 * k['scale'], b)}) {step}")
+    if k["strong"] and info["resets"]:
+        body.append(v["reset"])
+        if W:
+            body.append(f"repeat ({_n(100 * k['scale'], b)}) begin {drive(rnd)} {step} end")
+    return body
+
+
+def template_code(task, level="strong", seed=0):
+    """SystemVerilog code of a template testbench at one strength level (see the module docstring)."""
+    info = analyze_dut(task)
+    k, W = _knobs(info, level)
     clocked = bool(info["clocks"])
     L = []
     if info["timescale"]:
@@ -219,43 +195,10 @@ def template_code(task, level="strong", seed=0):
         off = "; ".join(f"{r['name']} = 1'b{1 if r['active_low'] else 0}" for r in info["resets"])
         L.append(f"  task tb_reset; {on}; repeat (2) tb_step; {off}; tb_step; endtask")
     L.append("  initial begin")
-    body = []
-    if W:
-        body.append("tb_drive('0);")
-    if info["resets"]:
-        body.append("tb_reset;")
-    else:
-        body.append("tb_step;")
-    if level == "minimal":
-        body.append("repeat (4) tb_step;")
-    if W and k["corners"]:
-        body.append("tb_drive('1); tb_step; tb_step; tb_drive('0); tb_step; tb_step;")
-    if W and k["strong"]:
-        body.append(f"tb_drive({{(TB_W+1)/2{{2'b01}}}}); tb_step; tb_drive({{(TB_W+1)/2{{2'b10}}}}); tb_step;")
-        body.append("for (int i = 0; i < TB_W; i++) begin tb_v = '0; tb_v[i] = 1'b1; tb_drive(tb_v); tb_step; end")
-        body.append("for (int i = 0; i < TB_W; i++) begin tb_v = '1; tb_v[i] = 1'b0; tb_drive(tb_v); tb_step; end")
-        if W <= EXHAUSTIVE_BITS:
-            body.append("for (int i = 0; i < (1 << TB_W); i++) begin tb_drive(i); tb_step; end")
-        else:
-            for d in info["data"]:
-                if d["width"] <= 8:
-                    body.append(f"for (int i = 0; i < {1 << d['width']}; i++) begin "
-                                f"tb_drive(tb_rnd()); {d['name']} = i; tb_step; end")
-    if W and k["n_random"]:
-        body.append(f"repeat ({k['n_random']}) begin tb_drive(tb_rnd()); tb_step; end")
-    if W and k["strong"] and clocked:
-        s = k["scale"]
-        body.append(f"repeat ({150 * s}) begin tb_drive(tb_rnd()); repeat (1 + {{$random(tb_seed)}} % 8) tb_step; end")
-        body.append(f"repeat ({300 * s}) begin tb_drive(tb_rnd() & tb_rnd() & tb_rnd()); tb_step; end")
-        body.append(f"repeat ({300 * s}) begin tb_drive(tb_rnd() | tb_rnd() | tb_rnd()); tb_step; end")
-    if k["strong"] and clocked and not W:
-        body.append(f"repeat ({2000 * k['scale']}) tb_step;")
-    if k["strong"] and info["resets"]:
-        body.append("tb_reset;")
-        if W:
-            body.append(f"repeat ({100 * k['scale']}) begin tb_drive(tb_rnd()); tb_step; end")
-    body.append("// end of stimulus")
-    body.append("$finish;")
+    start = (["tb_drive('0);"] if W else []) + (["tb_reset;"] if info["resets"] else ["tb_step;"])
+    voc = {"W": "TB_W", "drive": lambda x: f"tb_drive({x});", "step": "tb_step;", "reset": "tb_reset;",
+           "rnd": "tb_rnd()", "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": start}
+    body = _level_body(info, level, voc) + ["// end of stimulus", "$finish;"]
     L.extend("    " + b for b in body)
     L.append("  end")
     L.append("endmodule")
@@ -265,7 +208,7 @@ def template_code(task, level="strong", seed=0):
 def template_answer(task, level="strong", seed=0):
     """The answer text (filename line + systemverilog block) of a template testbench."""
     info = analyze_dut(task)
-    return render_answer(testbench_name(info).lower() + ".sv", template_code(task, level, seed))
+    return common.render_answer(testbench_name(info).lower() + ".sv", template_code(task, level, seed))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,12 +310,13 @@ def _hex(width, value):
     return f"{width}'h{value & ((1 << width) - 1):x}"
 
 
-def _phases(info, pmap, result, code):
-    """Stimulus phases (SystemVerilog statements) that target the result's uncovered items."""
+def _phases(info, pmap, result, code, step=None):
+    """Stimulus phases (SystemVerilog statements) that target the result's uncovered items. `step`: the
+    statement that waits one cycle (default: the clock's falling edge, or #5 without a clock)."""
     clk = pmap.get(info["clocks"][0]) if info["clocks"] else None
     if info["clocks"] and not clk:
         return None
-    step = f"@(negedge {clk});" if clk else "#5;"
+    step = step or (f"@(negedge {clk});" if clk else "#5;")
     data = [d for d in info["data"] if d["name"] in pmap]
     widths = {d["name"]: d["width"] for d in data}
     sig = {d["name"]: pmap[d["name"]] for d in data}
@@ -450,6 +394,7 @@ def _phases(info, pmap, result, code):
     if deep_bits >= 0:
         width = sum(d["width"] for d in data)      # wide designs simulate slowly: shorter runs
         cycles = min(MAX_DEEP_CYCLES, max(512, 1 << min(16, deep_bits + 2))) * 32 // max(32, width)
+        cycles = _n(cycles, _budget(info))                  # and large designs too
         if clk:
             if data:
                 sparse = " ".join(f"{sig[d['name']]} = {{{', '.join(['$urandom'] * math.ceil(d['width'] / 32))}}} & "
@@ -499,7 +444,7 @@ def refine(task, answer_text, result, seed=0):
         fixed = re.sub(r"(\b" + re.escape(info["top"]) + r"\s*(#\s*\((?:[^()]|\([^()]*\))*\))?\s*)([A-Za-z_]\w*)(\s*\()",
                        lambda m: m.group(1) + info["inst"] + m.group(4), code, count=1)
         if fixed != code:
-            return render_answer(fname, fixed)
+            return common.render_answer(fname, fixed)
         return template_answer(task, "strong", seed)
     if status in ("timeout", "output_limit"):
         return template_answer(task, "medium", seed)
@@ -519,7 +464,7 @@ def refine(task, answer_text, result, seed=0):
     first = len(re.findall(r"\btb_refine_\d+", code))       # fresh block names on a second refinement
     block = "".join(f"begin : tb_refine_{first + i}\n" + "\n".join(indent + "  " + ln for ln in ph.splitlines())
                     + f"\n{indent}end\n{indent}" for i, ph in enumerate(phases))
-    return render_answer(fname, code[:pos] + block + code[pos:])
+    return common.render_answer(fname, code[:pos] + block + code[pos:])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -545,7 +490,102 @@ def corrupt(task, answer_text, kind, seed=0):
         code = code.replace("initial begin", "initial begin\n    assert property (@(posedge tb_seed[0]) 1);", 1)
     else:
         raise ValueError(f"unknown corruption {kind!r}; choose from {', '.join(CORRUPTIONS)}")
-    return render_answer(fname, code)
+    return common.render_answer(fname, code)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stimulus-mode answers (answer_mode "stimulus": harness.py writes the harness, the teacher the stimulus)
+# ----------------------------------------------------------------------------------------------
+
+ANSWER_MODES = ("testbench", "stimulus")
+FLOOR_LEVEL, CEILING_LEVEL = "minimal", "strong"    # the results table's floor and ceiling stimulus
+
+
+def template_stimulus(task, level="strong", seed=0):
+    """The stimulus body of one strength level, in the harness's vocabulary (step, reset_dut): the same
+    phases as the template testbench, driving the DUT's own inputs. Raises HarnessError (via
+    harness.make_harness) for a design the kit cannot harness."""
+    harness.make_harness(task)
+    info = analyze_dut(task)
+    W = sum(d["width"] for d in info["data"])
+    names = [d["name"] for d in info["data"]]
+    cat = names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
+    rnd = "{" + ", ".join(["$random(tb_seed)"] * math.ceil(W / 32)) + "}"
+    voc = {"W": str(W), "drive": lambda x: f"{cat} = {x};", "step": "step(1);", "reset": "reset_dut();",
+           "rnd": rnd, "urnd": "{$random(tb_seed)}", "var": "tb_v", "start": []}
+    body = _level_body(info, level, voc) or ["step(1);"]       # no inputs, no clock: still one statement
+    text = "\n".join(body)
+    decl = [f"logic [{W - 1}:0] tb_v;"] if "tb_v" in text else []
+    if "tb_seed" in text:
+        decl = ["integer tb_seed;"] + decl + [f"tb_seed = {seed * 7919 + 1};"]
+    return "\n".join(decl + body) + "\n"
+
+
+def stimulus_answer(task, level="strong", seed=0):
+    """The answer text (one systemverilog block) of a template stimulus."""
+    return harness.render_stimulus(template_stimulus(task, level, seed))
+
+
+def refine_stimulus(task, answer_text, result, seed=0):
+    """The teacher's improved stimulus for one state (stimulus answer + the scorer's result of the
+    assembled testbench): on ok, the given stimulus with phases appended that target the uncovered
+    items (as `refine` does for testbenches, in the harness's vocabulary); a parse failure, a rejected
+    or failing stimulus gets the strong template; a timeout or output limit the medium one."""
+    info = analyze_dut(task)
+    st = harness.parse_stimulus(answer_text)
+    res = _as_dict(result)
+    status = res.get("status")
+    if status in ("timeout", "output_limit"):
+        return stimulus_answer(task, "medium", seed)
+    if st.reason != "ok" or status != "ok":
+        return stimulus_answer(task, "strong", seed)
+    pmap = {p["name"]: p["name"] for p in info["ports"]}       # the harness names signals after ports
+    phases = _phases(info, pmap, res, st.body, step="step(1);") or \
+        _phases(info, pmap, {"uncovered": [{"metric": "fsm"}]}, st.body, step="step(1);") or []
+    first = len(re.findall(r"\btb_refine_\d+", st.body))     # fresh block names on a second refinement
+    blocks = [f"begin : tb_refine_{first + i}\n" + "\n".join("  " + ln for ln in ph.splitlines()) + "\nend"
+              for i, ph in enumerate(phases)]
+    return harness.render_stimulus("\n".join([st.body.rstrip("\n")] + blocks))
+
+
+STIMULUS_CORRUPTIONS = ("syntax", "undeclared", "unsupported")
+
+
+def corrupt_stimulus(task, answer_text, kind, seed=0):
+    """A broken copy of a stimulus answer: one of STIMULUS_CORRUPTIONS."""
+    body = harness.parse_stimulus(answer_text).body
+    lines = body.splitlines()
+    at = min(len(lines), 1 + seed % max(1, len(lines)))             # after this line
+    if kind == "syntax":
+        i = next((j for j in range(at - 1, len(lines)) if lines[j].rstrip().endswith(";")), None)
+        if i is None:
+            lines.append("step(1)")
+        else:
+            lines[i] = lines[i].rstrip()[:-1]
+    elif kind == "undeclared":
+        lines.insert(at, "tb_unused_sig = 1'b0;")
+    elif kind == "unsupported":
+        lines.insert(at, "assert property (@(posedge tb_unused_clk) 1);")
+    else:
+        raise ValueError(f"unknown corruption {kind!r}; choose from {', '.join(STIMULUS_CORRUPTIONS)}")
+    return harness.render_stimulus("\n".join(lines))
+
+
+def _first_messages(task, mode):
+    return harness.stimulus_messages(task, harness.make_harness(task)) if mode == "stimulus" \
+        else common.build_messages(task)
+
+
+def _refine_state(task, answer_text, result, mode):
+    if mode == "stimulus":
+        return harness.stimulus_refine_messages(task, harness.make_harness(task), answer_text, result)
+    return common.refine_messages(task, answer_text, result)
+
+
+def _check_mode(mode):
+    if mode not in ANSWER_MODES:
+        raise ValueError(f"unknown answer mode {mode!r}; choose from {', '.join(ANSWER_MODES)}")
+    return mode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,18 +597,21 @@ def corrupt(task, answer_text, kind, seed=0):
 #                                         result None = the answer did not parse (nothing simulated)
 
 class TemplateTeacher:
-    """Rule-based teacher. `level` is the strength of direct answers; tries differ by seed."""
+    """Rule-based teacher. `level` is the strength of direct answers; tries differ by seed; `mode`
+    "stimulus" answers with stimulus bodies for harness.py's harness instead of whole testbenches."""
 
-    def __init__(self, level="strong", seed=0):
+    def __init__(self, level="strong", seed=0, mode="testbench"):
         if level not in LEVEL_KNOBS:
             raise ValueError(f"unknown level {level!r}; choose from {', '.join(LEVELS)}")
-        self.level, self.seed = level, seed
+        self.level, self.seed, self.mode = level, seed, _check_mode(mode)
 
     def direct(self, tasks, n=1):
-        return [[template_answer(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
+        make = stimulus_answer if self.mode == "stimulus" else template_answer
+        return [[make(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
 
     def refine(self, states):
-        return [refine(t, a, r, self.seed) for t, a, r in states]
+        fix = refine_stimulus if self.mode == "stimulus" else refine
+        return [fix(t, a, r, self.seed) for t, a, r in states]
 
 
 class HFTeacher:
@@ -578,15 +621,14 @@ class HFTeacher:
     seed + the call's index, so repeated calls sample differently but a run is reproducible."""
 
     def __init__(self, model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0,
-                 adapter_name=None, batch_size=64):
-        self.model, self.tok = model, tok
+                 adapter_name=None, batch_size=64, mode="testbench"):
+        self.model, self.tok, self.mode = model, tok, _check_mode(mode)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.seed, self.adapter_name, self.batch_size = seed, adapter_name, batch_size
         self.calls = 0
         self.last_completions = []          # the common.Completion objects of the last call
 
     def _generate(self, messages_list):
-        import common
         prev = None
         if self.adapter_name is not None:
             if self.adapter_name not in getattr(self.model, "peft_config", {}):
@@ -606,19 +648,19 @@ class HFTeacher:
         return [c.text for c in comps]
 
     def direct(self, tasks, n=1):
-        import common
-        texts = self._generate([common.build_messages(t) for t in tasks for _ in range(n)])
+        texts = self._generate([_first_messages(t, self.mode) for t in tasks for _ in range(n)])
         return [texts[i * n:(i + 1) * n] for i in range(len(tasks))]
 
     def refine(self, states):
-        import common
-        return self._generate([common.refine_messages(t, a, r) for t, a, r in states])
+        return self._generate([_refine_state(t, a, r, self.mode) for t, a, r in states])
 
 
 class ChatTeacher:
     """A teacher behind an OpenAI-compatible chat endpoint (POST {url}/v1/chat/completions)."""
 
-    def __init__(self, url, model, api_key=None, temperature=0.7, top_p=0.8, max_tokens=8192, timeout_s=600):
+    def __init__(self, url, model, api_key=None, temperature=0.7, top_p=0.8, max_tokens=8192, timeout_s=600,
+                 mode="testbench"):
+        self.mode = _check_mode(mode)
         self.url = url.rstrip("/")
         if not self.url.endswith("/chat/completions"):
             self.url += "/chat/completions" if self.url.endswith("/v1") else "/v1/chat/completions"
@@ -640,12 +682,10 @@ class ChatTeacher:
             raise RuntimeError(f"chat endpoint {self.url}: unexpected reply {str(data)[:200]}")
 
     def direct(self, tasks, n=1):
-        import common
-        return [[self.chat(common.build_messages(t)) for _ in range(n)] for t in tasks]
+        return [[self.chat(_first_messages(t, self.mode)) for _ in range(n)] for t in tasks]
 
     def refine(self, states):
-        import common
-        return [self.chat(common.refine_messages(t, a, r)) for t, a, r in states]
+        return [self.chat(_refine_state(t, a, r, self.mode)) for t, a, r in states]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -665,7 +705,6 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
     Each returned task is a copy with `targets` (old entries kept, the Icarus one replaced) and
     `icarus_calibration` = {reached_pct, strong_pct, long_pct, refined_pct, rule}.
     """
-    import sim
     jobs, keep = [], []
     for t in tasks:
         try:
@@ -719,19 +758,25 @@ def main(argv=None):
     s.add_argument("--id", required=True)
     s.add_argument("--level", default="strong", choices=LEVELS)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mode", default="testbench", choices=ANSWER_MODES)
     c = sub.add_parser("calibrate", help="add Icarus-calibrated reachable targets to tasks")
     c.add_argument("tasks")
     c.add_argument("--out", required=True)
     c.add_argument("--workers", type=int, default=None)
     c.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     args = ap.parse_args(argv)
-    import sim
     tasks = sim.load_tasks(args.tasks)
     if args.cmd == "show":
         hit = [t for t in tasks if t["id"] == args.id]
         if not hit:
             sys.exit(f"error: no task with id {args.id!r} in {args.tasks}")
-        print(template_answer(hit[0], args.level, args.seed))
+        try:
+            if args.mode == "stimulus":
+                print(harness.make_harness(hit[0]).source() + "\n" + stimulus_answer(hit[0], args.level, args.seed))
+            else:
+                print(template_answer(hit[0], args.level, args.seed))
+        except HarnessError as e:
+            sys.exit(f"error: {e}")
         return
     tasks = tasks[:args.limit] if args.limit else tasks
     out = calibrate(tasks, workers=args.workers)

@@ -303,3 +303,133 @@ def test_hf_teacher_adapter_switch_and_restore(monkeypatch):
 def test_template_teacher_refines_a_parse_failure_with_strong_template():
     t = TASKS[1]
     assert teacher.TemplateTeacher().refine([(t, "junk", None)]) == [teacher.template_answer(t, "strong")]
+
+
+# ----------------------------------------------------------------------------------------------
+# Stimulus mode (harness.py writes the harness, the teacher the stimulus)
+
+harness = pytest.importorskip("harness")
+DESIGNS = [("counter.sv", "counter"), ("alu.sv", "alu"), ("fsm.sv", "fsm"), ("andor.sv", "andor"),
+           ("sub_lane.sv", "gen_top"), ("two_clk.sv", "two_clk"), ("wide_packed.sv", "wide_packed")]
+
+
+def _design_tasks():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent / "designs"
+    return [make_task((root / f).read_text(), top, "uut", tid=f"stim_{top}") for f, top in DESIGNS]
+
+
+def _scored_stimulus(task, answers):
+    sim = pytest.importorskip("sim")
+    h = harness.make_harness(task)
+    jobs = []
+    for a in answers:
+        p = harness.prepare_stimulus(h, a)
+        assert p.reason == "ok", (task["id"], p.reason, p.why)
+        jobs.append(sim.job_from_task(task, p.tb))
+    return [r.to_dict() for r in sim.simulate_many(jobs, workers=2, verbose=False)]
+
+
+def test_stimulus_answers_are_design_aware_and_pass_the_checks():
+    tasks = TASKS + _design_tasks()
+    bodies = []
+    for t in tasks:
+        for lv in teacher.LEVELS:
+            ans = teacher.stimulus_answer(t, lv)
+            st = harness.parse_stimulus(ans)
+            assert st.reason == "ok" and ans == harness.render_stimulus(st.body)
+            assert harness.check_stimulus(st.body, harness.make_harness(t)) is None, (t["id"], lv)
+            assert "$finish" not in st.body and "module" not in st.body
+        bodies.append(harness.parse_stimulus(teacher.stimulus_answer(t, "strong")).body)
+    assert len(set(bodies)) == len(tasks)                        # one distinct strong stimulus per design
+    assert teacher.template_stimulus(TASKS[0], "strong", 0) != teacher.template_stimulus(TASKS[0], "strong", 1)
+    assert teacher.template_stimulus(TASKS[0], teacher.FLOOR_LEVEL) == "repeat (4) step(1);\n"
+    assert "{en, op, din} = {$random(tb_seed)};" in teacher.template_stimulus(TASKS[0], "weak")
+    const = make_task("module k (output logic y);\n  assign y = 1'b0;\nendmodule\n", "k")
+    assert harness.parse_stimulus(teacher.stimulus_answer(const, "strong")) == harness.Stimulus("step(1);", "ok")
+
+
+def test_cycle_counts_are_sized_to_the_design():
+    small = TASKS[0]
+    extra = "".join(f"  logic [7:0] r{i};\n  always_ff @(posedge clk) r{i} <= din ^ 8'd{i} + r{i};\n" for i in range(60))
+    big = dict(small, id="test_cnt_big", rtl_files=[{"name": "cnt.sv", "content": COUNTER.replace("endmodule", extra + "endmodule")}])
+    padded = dict(small, id="test_cnt_pad", rtl_files=[{"name": "cnt.sv", "content": "// " + "x" * 9000 + "\n" + COUNTER}])
+    wide = make_task("module w (input clk, input [511:0] a, output reg [511:0] y);\n"
+                     "  always @(posedge clk) y <= a;\nendmodule\n", "w")
+    counts = {t["id"]: [int(n) for n in re.findall(r"repeat \((\d+)\)", teacher.template_code(t, "strong")
+                                                   .split("initial begin")[-1])] for t in (small, big, padded, wide)}
+    assert all(w < s for w, s in zip(counts["test_w"], counts["test_cnt"]))   # wide ports cost too
+    assert counts["test_cnt"] == [300, 150, 300, 300, 100]       # as written up to CYCLE_BUDGET_CHARS
+    assert counts["test_cnt_pad"] == counts["test_cnt"]          # comments do not count
+    assert all(b < s for b, s in zip(counts["test_cnt_big"], counts["test_cnt"]))
+    res = {"status": "ok", "overall_pct": 50.0, "uncovered": [{"metric": "fsm"}]}
+    deep = {t["id"]: max(int(n) for n in re.findall(r"repeat \((\d+)\)", teacher.answer_code(
+        teacher.refine(t, teacher.template_answer(t, "weak"), res))[-600:])) for t in (small, big)}
+    assert deep["test_cnt_big"] < deep["test_cnt"]
+
+
+def test_refine_stimulus_appends_directed_phases():
+    t = TASKS[0]
+    weak = teacher.stimulus_answer(t, "weak")
+    line_case = COUNTER.splitlines().index("        2'd2: q <= din;") + 1
+    result = {"status": "ok", "overall_pct": 40.0, "uncovered": [
+        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "din", "bits": [3, 7], "missing": "both",
+         "file": "cnt.sv", "line": 5, "kind": "toggle", "detail": ""},
+        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "rst_n", "bits": [0], "missing": "0->1",
+         "file": "cnt.sv", "line": 3, "kind": "toggle", "detail": ""},
+        {"metric": "block", "instance": "tb_cnt.dut", "file": "cnt.sv", "line": line_case, "kind": "case_item",
+         "label": "2'd2", "detail": ""}]}
+    old = harness.parse_stimulus(weak).body
+    new = harness.parse_stimulus(teacher.refine_stimulus(t, weak, result)).body
+    assert new.startswith(old + "\nbegin : tb_refine_0\n")       # an edit of the stimulus, not a rewrite
+    assert "din = din | 8'h88; step(1); din = din & ~8'h88; step(1);" in new
+    assert "rst_n = 1'b0; repeat (2) step(1); rst_n = 1'b1; step(1);" in new
+    assert re.search(r"\{en, op\} = tb_i", new) and "@(negedge" not in new
+    assert harness.check_stimulus(new, harness.make_harness(t)) is None
+    again = harness.parse_stimulus(teacher.refine_stimulus(t, harness.render_stimulus(new), result)).body
+    assert "begin : tb_refine_3" in again                         # fresh block names on a second round
+    strong = teacher.stimulus_answer(t, "strong")
+    assert teacher.refine_stimulus(t, "junk", None) == strong
+    assert teacher.refine_stimulus(t, weak, harness.rejected_result(t["id"], "line 1: no")) == strong
+    assert teacher.refine_stimulus(t, weak, {"status": "timeout"}) == teacher.stimulus_answer(t, "medium")
+
+
+@pytest.mark.needs_iverilog
+def test_stimulus_beats_the_floor_and_refinement_improves():
+    for t in TASKS + _design_tasks():
+        floor, weak, strong = _scored_stimulus(t, [teacher.stimulus_answer(t, lv) for lv in ("minimal", "weak", "strong")])
+        assert floor["status"] == weak["status"] == strong["status"] == "ok", t["id"]
+        assert strong["overall_pct"] > floor["overall_pct"] + 20, (t["id"], floor["overall_pct"], strong["overall_pct"])
+        if weak["overall_pct"] < 100:
+            (ref,) = _scored_stimulus(t, [teacher.refine_stimulus(t, teacher.stimulus_answer(t, "weak"), weak)])
+            assert ref["status"] == "ok" and ref["overall_pct"] > weak["overall_pct"], (t["id"], weak["overall_pct"])
+
+
+@pytest.mark.needs_iverilog
+def test_stimulus_corruptions_fail_and_refine_fixes():
+    t = TASKS[1]
+    base = teacher.stimulus_answer(t, "weak")
+    for kind in teacher.STIMULUS_CORRUPTIONS:
+        bad_text = teacher.corrupt_stimulus(t, base, kind)
+        (bad,) = _scored_stimulus(t, [bad_text])
+        assert bad["status"] == "compile_error", (kind, bad["status"])
+        (good,) = _scored_stimulus(t, [teacher.refine_stimulus(t, bad_text, bad)])
+        assert good["status"] == "ok", (kind, good.get("errors"))
+
+
+def test_teachers_in_stimulus_mode(monkeypatch):
+    tt = teacher.TemplateTeacher("weak", seed=2, mode="stimulus")
+    out = tt.direct(TASKS[:2], n=2)
+    assert out[0] == [teacher.stimulus_answer(TASKS[0], "weak", 2), teacher.stimulus_answer(TASKS[0], "weak", 3)]
+    assert tt.refine([(TASKS[1], "junk", None)]) == [teacher.stimulus_answer(TASKS[1], "strong", 2)]
+    with pytest.raises(ValueError, match="answer mode"):
+        teacher.TemplateTeacher(mode="whole")
+    common = pytest.importorskip("common")
+    calls = _spy_generate(monkeypatch, common)
+    model, tok = common.tiny_model(seed=0)
+    ht = teacher.HFTeacher(model, tok, max_new_tokens=4, temperature=1.0, top_p=1.0, mode="stimulus")
+    ht.direct(TASKS[:1], n=1)
+    ht.refine([(TASKS[0], "junk", None)])
+    h = harness.make_harness(TASKS[0])
+    assert calls[0]["messages"] == [harness.stimulus_messages(TASKS[0], h)]
+    assert calls[1]["messages"] == [harness.stimulus_refine_messages(TASKS[0], h, "junk", None)]

@@ -1,0 +1,523 @@
+"""harness.py: stimulus-only answers. The kit writes the testbench harness from the DUT's ports; the model
+writes only the stimulus (the statements of one block); the kit assembles harness + stimulus into one
+testbench, which the scorer (sim.py) runs exactly like a whole-testbench answer (pre-scan included).
+Whole-testbench answers (answer_mode "testbench") keep common.build_messages / parse_answer.
+
+The harness (one module `tb_<top>`): every DUT input declared as a `logic` of its elaborated width (wide
+and packed ports become one flat vector), outputs as wires, the DUT instance with the task's instance name
+(parameters at their defaults, as the scorer elaborates them), each clock toggling by itself (periods 10,
+14, 18, ...), a watchdog that ends the run after `max_cycles` cycles, three tasks (the vocabulary the prompt
+documents), and one initial block: inputs to 0, `reset_dut()`, the named block `stimulus` holding the
+model's lines, `$finish`.
+  step(n)          wait n cycles of the main clock (inputs change at its falling edge); step() = step(1);
+                   a design without a clock: n x 10 time units
+  reset_dut()      assert every reset for 2 cycles, release it, wait 1 cycle (no reset port: wait 1 cycle)
+  random_inputs()  give every data input (not clocks, not resets) a random value
+Driving an input is a plain assignment (`en = 1'b1;`).
+
+API (everything a caller needs; no model, no simulator run):
+  HarnessError                                   a design the kit cannot harness; the reason is the message
+  analyze_dut(task) -> dict                      ports, clocks, resets, data inputs (pyslang; cached)
+  make_harness(task, max_cycles=MAX_CYCLES) -> Harness        raises HarnessError: that task falls back
+                                                 to testbench mode (put the reason in its notes)
+  Harness.source(placeholder=...) -> str         the harness text with a placeholder line (for prompts)
+  assemble(harness, body) -> (tb_source, LineMap)
+  LineMap(first, n_lines).stimulus_line(tb_line) -> int | None   (1-based; None: a harness line)
+  map_errors(errors, line_map) -> list[dict]     sim error dicts; those in the testbench file ("tb.sv")
+                                                 get file "stimulus" and the stimulus line, or file
+                                                 "harness" (line N of the harness); others unchanged
+  map_result(result, line_map) -> dict           a SimResult (or dict) with errors and notes mapped
+  check_stimulus(body, harness=None) -> str | None   a one-line reason to reject the stimulus, or None
+  Stimulus(body, reason) / parse_stimulus(text) -> Stimulus     reason ok | no_code | truncated
+  render_stimulus(body) -> str                   canonical assistant text (one systemverilog block)
+  prepare_stimulus(harness, text) -> Prepared(body, reason, tb, line_map, why)
+                                                 parse + check + assemble in one call; reason ok |
+                                                 no_code | truncated | rejected (why: the check's reason)
+  rejected_result(task_id, why) -> dict          the SimResult dict of a stimulus check_stimulus refused
+                                                 (status "rejected", reward 0): nothing is simulated
+  STIMULUS_SYSTEM_PROMPT; stimulus_messages(task, harness) -> [system, user]
+  stimulus_feedback(result, line_map=None) -> str     the follow-up user message (lines = stimulus lines)
+  stimulus_refine_messages(task, harness, answer_text, result) -> messages  memoryless state, as
+                                                 common.refine_messages: result = the scorer's result of
+                                                 the assembled testbench (raw; mapped here), or None when
+                                                 the answer did not parse
+Scoring a stimulus answer: p = prepare_stimulus(h, text); p.reason "ok" -> sim.job_from_task(task, p.tb);
+"rejected" -> rejected_result(task["id"], p.why); no_code / truncated -> a parse failure, as today.
+"""
+import dataclasses
+import re
+
+import pyslang
+
+import common
+import sim
+
+MAX_CYCLES = 100_000       # watchdog: the harness ends the run after this many main-clock cycles
+PERIOD = 10                # main clock period (time units); a combinational step is this long
+TASK_NAMES = ("step", "reset_dut", "random_inputs", "stimulus")
+PLACEHOLDER = "// <your stimulus goes here>"
+STIMULUS_FILE = "stimulus"  # the file name mapped errors carry
+
+
+class HarnessError(Exception):
+    """A design the kit cannot harness (e.g. unpacked-array or interface ports); the message says why."""
+
+
+# ----------------------------------------------------------------------------------------------
+# DUT analysis (pyslang): shared with the template teacher (data/teacher.py)
+# ----------------------------------------------------------------------------------------------
+
+_DUT_CACHE = {}
+
+
+def analyze_dut(task):
+    """Ports of the task's top module, elaborated with default parameters.
+
+    Returns {top, inst, ports: [{name, dir, width}], clocks: [name], resets: [{name, active_low}],
+    data: [{name, width}] (inputs that are neither clock nor reset), timescale (text or None),
+    rtl: {file name: text}}. Raises HarnessError when the design cannot be driven.
+    """
+    key = (task["id"], task["dut_module_name"], task["dut_instance_name"],
+           tuple((f["name"], f["content"]) for f in task["rtl_files"]))
+    if key in _DUT_CACHE:
+        return _DUT_CACHE[key]
+    top = task["dut_module_name"]
+    opts = pyslang.ast.CompilationOptions()
+    opts.topModules = {top}
+    comp = pyslang.ast.Compilation(pyslang.Bag([opts]))
+    for f in task["rtl_files"]:
+        comp.addSyntaxTree(pyslang.syntax.SyntaxTree.fromText(f["content"], f["name"]))
+    insts = [i for i in comp.getRoot().topInstances if i.name == top]
+    if not insts:
+        raise HarnessError(f"{task['id']}: top module '{top}' not found in the RTL files")
+    rtl_text = "\n".join(f["content"] for f in task["rtl_files"])
+    ports = []
+    for p in insts[0].body.portList:
+        if p.kind != pyslang.ast.SymbolKind.Port:
+            raise HarnessError(f"{task['id']}: port '{p.name}' is an interface/multiport, not supported")
+        if not p.type.isIntegral:
+            raise HarnessError(f"{task['id']}: port '{p.name}' has non-integral type {p.type}")
+        d = {pyslang.ast.ArgumentDirection.In: "input", pyslang.ast.ArgumentDirection.Out: "output"}.get(
+            p.direction, "inout")
+        ports.append({"name": p.name, "dir": d, "width": int(p.type.bitWidth)})
+    clocks, resets, data = [], [], []
+    for p in ports:
+        if p["dir"] != "input":
+            continue
+        kind = _classify_input(p, rtl_text)
+        if kind == "clock":
+            clocks.append(p["name"])
+        elif kind == "reset":
+            resets.append({"name": p["name"], "active_low": _reset_active_low(p["name"], rtl_text)})
+        else:
+            data.append({"name": p["name"], "width": p["width"]})
+    m = re.search(r"`timescale\s+[^\n]+", rtl_text)
+    info = {"top": top, "inst": task["dut_instance_name"], "ports": ports, "clocks": clocks,
+            "resets": resets, "data": data, "timescale": m.group(0).strip() if m else None,
+            "rtl": {f["name"]: f["content"] for f in task["rtl_files"]}}
+    _DUT_CACHE[key] = info
+    return info
+
+
+def _classify_input(p, rtl):
+    if p["width"] != 1:
+        return "data"
+    low = p["name"].lower()
+    edge = re.search(r"(pos|neg)edge\s+" + re.escape(p["name"]) + r"\b", rtl) is not None
+    if re.search(r"(rst|reset)", low):
+        return "reset"
+    if re.fullmatch(r"(i_|in_)?(clk|clock|sys_clk|clk_?i|clk_in|[a-z]?clk|clk\d|clock_?i)", low):
+        return "clock"
+    if edge and re.search(r"(clk|clock)", low) and not re.search(r"(en|enable|div|sel)", low):
+        return "clock"
+    return "data"
+
+
+def _reset_active_low(name, rtl):
+    n = re.escape(name)
+    if re.search(r"negedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*(!|~)\s*" + n + r"\s*\)", rtl) \
+            or re.search(r"\b" + n + r"\s*==\s*(1'b)?0\b", rtl):
+        return True
+    if re.search(r"posedge\s+" + n + r"\b", rtl) or re.search(r"if\s*\(\s*" + n + r"\s*\)", rtl):
+        return False
+    return re.search(r"(_n|n|_b|_l|_ni)$", name.lower()) is not None and not name.lower().endswith("_in")
+
+
+# ----------------------------------------------------------------------------------------------
+# The harness and its assembly with a stimulus
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Harness:
+    """A task's harness: head + (indented stimulus lines) + tail is the testbench."""
+    task_id: str
+    top: str
+    inst: str
+    module: str                 # the testbench module name, tb_<top>
+    clocks: list                # [{name, period}]; the first is the main clock (step counts its cycles)
+    resets: list                # [{name, active_low}]
+    inputs: list                # [{name, width}] data inputs the stimulus drives
+    outputs: list               # [{name, width, dir}] outputs (and inouts) it may read
+    max_cycles: int
+    head: str
+    tail: str
+    indent: str = "      "
+
+    def source(self, placeholder=PLACEHOLDER):
+        """The harness text with one placeholder line where the stimulus goes (shown in the prompt)."""
+        return self.head + self.indent + placeholder + "\n" + self.tail
+
+
+@dataclasses.dataclass
+class LineMap:
+    """Where the stimulus sits in the assembled testbench: lines first .. first + n_lines - 1."""
+    first: int
+    n_lines: int
+
+    def stimulus_line(self, tb_line):
+        k = tb_line - self.first + 1
+        return k if 1 <= k <= self.n_lines else None
+
+
+def _bits(width):
+    return f"[{width - 1}:0] " if width > 1 else ""
+
+
+def _random_expr(width):
+    words = -(-width // 32)
+    return "$urandom" if words == 1 else "{" + ", ".join(["$urandom"] * words) + "}"
+
+
+def make_harness(task, max_cycles=MAX_CYCLES):
+    """The harness of one task, or HarnessError(reason) when the kit cannot write one."""
+    info = analyze_dut(task)
+    top, inst = info["top"], info["inst"]
+    module = f"tb_{top}"
+    names = {p["name"] for p in info["ports"]}
+    clash = sorted(names & (set(TASK_NAMES) | {module}))
+    if clash:
+        raise HarnessError(f"{task['id']}: port name(s) {', '.join(clash)} clash with the harness's own names")
+    if any(re.search(r"\bmodule\s+" + re.escape(module) + r"\b", t) for t in info["rtl"].values()):
+        raise HarnessError(f"{task['id']}: the RTL already defines a module named {module}")
+    clocks = [{"name": c, "period": PERIOD + 4 * i} for i, c in enumerate(info["clocks"])]
+    inputs = [dict(d) for d in info["data"]]
+    outputs = [dict(p) for p in info["ports"] if p["dir"] != "input"]
+    L = [info["timescale"]] if info["timescale"] else []
+    L.append(f"// Harness written by chorus-mini for {top}; the stimulus is the body of block `stimulus`.")
+    L.append(f"module {module};")
+    for p in info["ports"]:
+        L.append(f"  {'logic' if p['dir'] == 'input' else 'wire'} {_bits(p['width'])}{p['name']};")
+    conns = ", ".join(f".{p['name']}({p['name']})" for p in info["ports"])
+    L.append(f"  {top} {inst} ({conns});")
+    for c in clocks:
+        L.append(f"  initial {c['name']} = 1'b0;")
+        L.append(f"  always #{c['period'] // 2} {c['name']} = ~{c['name']};")
+    wait = f"@(negedge {clocks[0]['name']})" if clocks else f"#{PERIOD}"
+    L.append(f"  task automatic step(input int n = 1); repeat (n) {wait}; endtask")
+    if info["resets"]:
+        on = " ".join(f"{r['name']} = 1'b{0 if r['active_low'] else 1};" for r in info["resets"])
+        off = " ".join(f"{r['name']} = 1'b{1 if r['active_low'] else 0};" for r in info["resets"])
+        L.append(f"  task automatic reset_dut; {on} step(2); {off} step(1); endtask")
+    else:
+        L.append("  task automatic reset_dut; step(1); endtask")
+    rnd = " ".join(f"{d['name']} = {_random_expr(d['width'])};" for d in inputs)
+    L.append(f"  task automatic random_inputs; {rnd} endtask" if rnd else "  task automatic random_inputs; endtask")
+    L.append(f"  initial begin #{max_cycles * (clocks[0]['period'] if clocks else PERIOD)}; $finish; end"
+             f"  // watchdog: at most {max_cycles} cycles")
+    L.append("  initial begin")
+    zero = " ".join(f"{d['name']} = '0;" for d in inputs)
+    if zero:
+        L.append(f"    {zero}")
+    L.append("    reset_dut();")
+    L.append("    begin : stimulus")
+    head = "\n".join(L) + "\n"
+    tail = "    end\n    $finish;\n  end\nendmodule\n"
+    return Harness(task_id=task["id"], top=top, inst=inst, module=module, clocks=clocks,
+                   resets=[dict(r) for r in info["resets"]], inputs=inputs, outputs=outputs,
+                   max_cycles=max_cycles, head=head, tail=tail)
+
+
+def assemble(harness, body):
+    """harness + stimulus body -> (testbench source, LineMap). The body's lines are kept one for one."""
+    lines = (body or "").splitlines()
+    text = "".join(harness.indent + ln + "\n" if ln.strip() else "\n" for ln in lines)
+    first = harness.head.count("\n") + 1
+    return harness.head + text + harness.tail, LineMap(first, len(lines))
+
+
+def map_errors(errors, line_map):
+    """Scorer error dicts -> the same with lines in the testbench file given as stimulus lines.
+
+    An error on a harness line after the stimulus (an unclosed `begin` is reported there) points at the
+    stimulus's end (line n_lines + 1); one before it stays a harness error (file "harness")."""
+    out = []
+    for e in errors or []:
+        e = dict(e)
+        if e.get("file") == "tb.sv" and e.get("line"):
+            k = line_map.stimulus_line(e["line"])
+            if k is not None:
+                e["file"], e["line"] = STIMULUS_FILE, k
+            elif e["line"] >= line_map.first + line_map.n_lines:
+                e["file"], e["line"] = STIMULUS_FILE, line_map.n_lines + 1
+                e["msg"] = f"{e['msg']} (after the last stimulus line: check that every begin has its end)"
+            else:
+                e["file"] = "harness"
+        out.append(e)
+    return out
+
+
+def map_result(result, line_map):
+    """A SimResult (or its dict) as a dict whose errors and `tb.sv:N:` notes name stimulus lines."""
+    d = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    d["errors"] = map_errors(d.get("errors"), line_map)
+
+    def note(m):
+        k = line_map.stimulus_line(int(m.group(1)))
+        return f"{STIMULUS_FILE}:{k}:" if k is not None else m.group(0)
+    d["notes"] = [re.sub(r"\btb\.sv:(\d+):", note, n) for n in d.get("notes") or []]
+    return d
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks on a stimulus (before assembly; the assembled file also goes through sim's pre-scan)
+# ----------------------------------------------------------------------------------------------
+
+_KEYWORD_REASONS = [
+    (r"endmodule|module|macromodule|program|endprogram|interface|endinterface|package|endpackage|primitive"
+     r"|config|bind",
+     "`{kw}` is not allowed: the stimulus is statements inside the harness's block, not module code"),
+    (r"initial|always|always_ff|always_comb|always_latch|final|generate",
+     "`{kw}` is not allowed: the stimulus is already inside an initial block; write statements only"),
+    (r"task|endtask|function|endfunction",
+     "`{kw}` is not allowed: declare no tasks or functions; use loops and the harness's tasks"),
+    (r"force|release|assign|deassign",
+     "`{kw}` is not allowed: drive the DUT inputs with plain assignments (`x = 1'b1;`)"),
+]
+
+
+def _blank_comments_and_strings(text):
+    """The text with comments and string contents replaced by spaces (line numbers kept)."""
+    def blank(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, text, flags=re.S)
+
+
+def check_stimulus(body, harness=None):
+    """One-line reason ('line N: ...') to reject a stimulus, or None when it may be assembled.
+
+    Rejects: module-level code (module/endmodule, initial/always, task/function declarations),
+    force/release/procedural assign, $deposit, an `end`/`join` that would close the harness's block, an
+    instantiation (named connections, a `#(` parameter list, or the DUT module name), and (with the
+    harness) a write into the DUT instance's hierarchy (`uut.x = ...`)."""
+    text = _blank_comments_and_strings(body or "")
+
+    def at(pos):
+        return text.count("\n", 0, pos) + 1
+
+    for words, why in _KEYWORD_REASONS:
+        m = re.search(r"(?<![\w$`])(" + words + r")\b", text)
+        if m:
+            return f"line {at(m.start())}: " + why.format(kw=m.group(1))
+    m = re.search(r"\$deposit\b", text)
+    if m:
+        return f"line {at(m.start())}: `$deposit` is not allowed: drive the DUT inputs with plain assignments"
+    depth = 0
+    for m in re.finditer(r"(?<![\w$])(begin|fork|end|join|join_any|join_none)\b", text):
+        depth += 1 if m.group(1) in ("begin", "fork") else -1
+        if depth < 0:
+            return (f"line {at(m.start())}: this `{m.group(1)}` has no `begin`/`fork` in the stimulus: "
+                    "it would close the harness's block")
+    kw = r"(?!(?:begin|end|else|fork|join|join_any|join_none|repeat|if|for|forever|while|do|case|casez|casex|wait)\b)"
+    m = re.search(r"(?<![\w$.])" + kw + r"[A-Za-z_]\w*\s*(#\s*\([^;]*?\)\s*)?[A-Za-z_]\w*\s*\(\s*\.\s*[A-Za-z_]",
+                  text) or re.search(r"(?<![\w$.])" + kw + r"[A-Za-z_]\w*\s*#\s*\([^;]*?\)\s*[A-Za-z_]\w*\s*\(", text)
+    if m:
+        return f"line {at(m.start())}: instantiating a module is not allowed: the harness instantiates the DUT"
+    if harness is not None:
+        m = re.search(r"(?<![\w$.])" + re.escape(harness.top) + r"\s+[A-Za-z_]", text)
+        if m:
+            return f"line {at(m.start())}: do not instantiate {harness.top}: the harness already has `{harness.inst}`"
+        lhs = (r"(^|[;:)]|\bbegin|\belse|\bend)\s*((?:[A-Za-z_]\w*\s*\.\s*)*" + re.escape(harness.inst)
+               + r"\s*(?:\[[^\]]*\]\s*)*\.[\w\s.\[\]:+-]*?)(<=|=)(?!=)")
+        m = re.search(lhs, text, re.M)
+        if m:
+            return (f"line {at(m.start(2))}: writing into the DUT ({' '.join(m.group(2).split())}) is not "
+                    "allowed: drive its inputs")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Answer text: parse, render, prepare
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Stimulus:
+    """A parsed stimulus answer. reason: ok | no_code | truncated (partial body kept)."""
+    body: str
+    reason: str
+
+
+def parse_stimulus(text):
+    """Model text -> Stimulus: the first fenced code block, by common.parse_answer's rules (no filename
+    is needed: 'no_filename' counts as ok)."""
+    a = common.parse_answer(text)
+    return Stimulus(a.code if a.reason != "no_code" else "", "ok" if a.reason == "no_filename" else a.reason)
+
+
+def render_stimulus(body):
+    """Canonical assistant text of a stimulus answer: one systemverilog block."""
+    return f"```systemverilog\n{(body or '').strip(chr(10))}\n```"
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A stimulus answer made ready to score: reason ok (tb + line_map set) | no_code | truncated |
+    rejected (why: check_stimulus's reason)."""
+    body: str
+    reason: str
+    tb: str = None
+    line_map: LineMap = None
+    why: str = None
+
+
+def prepare_stimulus(harness, text):
+    """Parse, check and assemble one stimulus answer text."""
+    st = parse_stimulus(text)
+    if st.reason != "ok":
+        return Prepared(st.body, st.reason)
+    why = check_stimulus(st.body, harness)
+    if why:
+        return Prepared(st.body, "rejected", why=why)
+    tb, lm = assemble(harness, st.body)
+    return Prepared(st.body, "ok", tb, lm)
+
+
+def rejected_result(task_id, why):
+    """The SimResult dict of a stimulus that check_stimulus refused (status rejected: reward 0)."""
+    m = re.match(r"line (\d+): (.*)", why)
+    line, msg = (int(m.group(1)), m.group(2)) if m else (0, why)
+    r = sim.SimResult(id=str(task_id))
+    r.status, r.passed = sim.REJECTED, False
+    r.errors = [{"source": "stimulus", "file": STIMULUS_FILE, "line": line, "col": 0, "msg": msg}]
+    return r.to_dict()
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts and feedback (stimulus mode)
+# ----------------------------------------------------------------------------------------------
+
+STIMULUS_REQUIREMENTS = """OUTPUT REQUIREMENTS:
+1. Give only the stimulus: the statements of the harness's `stimulus` block, in a single ```systemverilog fenced code block.
+2. No module, endmodule, initial, always, task or function; do not instantiate anything; do not redeclare the harness's signals.
+3. Drive DUT inputs with plain assignments (`en = 1'b1;`) and wait with step(n); never write into the DUT instance and never use force.
+4. Stimulus only: no checks or assertions on outputs.
+5. Put nothing except code inside the code block."""
+
+STIMULUS_RULES = """SIMULATOR RULES (Icarus Verilog, iverilog -g2012):
+- Not supported, do not use: covergroups, classes, randomize() and constraints, assertions, clocking blocks,
+  `inside`, `unique if`/`priority if`, associative arrays.
+- Local variables go first in the stimulus (`int i;`), or in the loop header (`for (int i = 0; i < 8; i++)`).
+- Use $urandom or $urandom_range for random values, and for/repeat loops for sequences.
+- Keep it compact (loops, well under 1000 tokens)."""
+
+STIMULUS_SYSTEM_PROMPT = (
+    "You are a testbench expert. The testbench harness of the DUT is written for you: it declares every DUT "
+    "input, instantiates the DUT, drives the clocks, resets the DUT once and ends the simulation. Your job "
+    "is to write the stimulus that maximizes code coverage of the DUT: which input values, in which order, "
+    "for how long.\n\n" + STIMULUS_REQUIREMENTS + "\n\n" + STIMULUS_RULES)
+
+STIMULUS_REQUEST = "Write the stimulus that maximizes coverage of the given RTL project."
+
+
+def _width_list(ports):
+    return ", ".join(f"{p['name']} ({p['width']} bit{'s' if p['width'] > 1 else ''})" for p in ports) or "none"
+
+
+def interface_text(harness):
+    """The harness interface and task vocabulary, as the prompt shows it."""
+    h = harness
+    main = h.clocks[0]["name"] if h.clocks else None
+    L = [f"Harness {h.module}: the DUT {h.top} is instantiated as {h.inst}.",
+         f"- inputs you drive (plain assignments): {_width_list(h.inputs)}"]
+    if h.clocks:
+        L.append("- clocks (toggle by themselves; do not drive them): "
+                 + ", ".join(f"{c['name']} (period {c['period']})" for c in h.clocks))
+    if h.resets:
+        L.append("- resets: " + ", ".join(f"{r['name']} (active {'low' if r['active_low'] else 'high'})"
+                                          for r in h.resets))
+    L.append(f"- outputs you may read: {_width_list(h.outputs)}")
+    L.append("Tasks:")
+    L.append(f"- step(n): wait n cycles of {main} (inputs change at its falling edge); step() waits one"
+             if main else f"- step(n): wait n x {PERIOD} time units (the design has no clock); step() waits one")
+    L.append("- reset_dut(): assert the reset for 2 cycles, release it, wait 1 cycle" if h.resets
+             else "- reset_dut(): the design has no reset port; waits one step")
+    L.append("- random_inputs(): give every input above a random value")
+    L.append(f"Before the stimulus every input is 0 and reset_dut() has run. After it the harness calls "
+             f"$finish; the run also ends after {h.max_cycles} cycles.")
+    return "\n".join(L)
+
+
+def stimulus_messages(task, harness):
+    """Initial stimulus-mode prompt: [system, user]. The user message holds the RTL and spec (as in
+    common.build_messages), the harness source and its interface. The task's `instruction` (which asks
+    for an instance name) is left out: the harness instantiates the DUT."""
+    rtl = common._render_files(task["rtl_files"])
+    spec = common._render_files(task.get("spec_files") or []) or "// No specification files provided."
+    user = (f"<context>{rtl}{spec}</context>\n<harness>{harness.source()}</harness>\n"
+            f"<instructions>{interface_text(harness)}</instructions>\n{STIMULUS_REQUEST}")
+    return [{"role": "system", "content": STIMULUS_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+_STAGE = {"ok": "success", "compile_error": "compile", "rejected": "compile", "no_dut_instance": "compile"}
+_INSTRUCTION = {
+    "compile": "Fix the stimulus: line numbers above count the lines of your stimulus.",
+    "simulate": "Fix the simulation failure by editing the stimulus.",
+    "success": "Improve coverage toward 100% by editing the stimulus.",
+}
+_PARSE_INSTRUCTION = {
+    "no_code": "Write the stimulus in the required format: one systemverilog code block.",
+    "truncated": "Your answer was cut off before the code block closed. Write a shorter, complete stimulus.",
+}
+
+
+def stimulus_feedback(result, line_map=None):
+    """The follow-up user message for one scored stimulus, in common.feedback_message's three parts.
+
+    result: the scorer's result of the assembled testbench (SimResult or dict; mapped with line_map when
+    given), a rejected_result dict, or a Stimulus whose reason is no_code/truncated / None (a parse
+    failure: nothing was simulated)."""
+    if result is None or isinstance(result, Stimulus):
+        why = result.reason if isinstance(result, Stimulus) else "no_code"
+        if why not in _PARSE_INSTRUCTION:
+            raise ValueError(f"stimulus_feedback: a Stimulus with reason {why!r} should be simulated first")
+        detail = "no code block found" if why == "no_code" else "the code block is not closed (output cut off)"
+        return ("Response parse result:\n- status: failed\n- type: stimulus\n- reason: " + detail + "\n\n"
+                "EDA result:\n- status: not_run\n- stage: parse\n\n"
+                "Instruction for next round:\n" + _PARSE_INSTRUCTION[why] + "\n\n" + STIMULUS_REQUIREMENTS)
+    d = map_result(result, line_map) if line_map is not None else (
+        result.to_dict() if hasattr(result, "to_dict") else dict(result))
+    r = sim.SimResult.from_dict(d)
+    stage = _STAGE.get(r.status, "simulate")
+    detail = sim.format_feedback(r).strip()
+    body = f"- coverage:\n{detail}" if stage == "success" else f"- log:\n{detail}"
+    return ("Response parse result:\n- status: success\n- type: stimulus\n\n"
+            f"EDA result:\n- status: {r.status}\n- stage: {stage}\n{body}\n\n"
+            "Instruction for next round:\n" + _INSTRUCTION[stage] + "\n\n" + STIMULUS_REQUIREMENTS)
+
+
+def stimulus_refine_messages(task, harness, answer_text, result):
+    """Memoryless refinement state [system, first user, assistant, user (feedback)], as
+    common.refine_messages. The assistant turn is the canonical stimulus (raw text capped at 4000
+    characters when there is no code block); feedback lines count the stimulus's own lines."""
+    st = parse_stimulus(answer_text)
+    first = stimulus_messages(task, harness)
+    if st.reason == "no_code":
+        raw = answer_text or ""
+        shown = raw if len(raw) <= 4000 else raw[:4000] + "\n... [cut]"
+        return first + [{"role": "assistant", "content": shown},
+                        {"role": "user", "content": stimulus_feedback(st)}]
+    if result is None:
+        fb = stimulus_feedback(st if st.reason == "truncated" else None)
+    else:
+        fb = stimulus_feedback(result, assemble(harness, st.body)[1])
+    return first + [{"role": "assistant", "content": render_stimulus(st.body)},
+                    {"role": "user", "content": fb}]
