@@ -38,9 +38,11 @@ Tokens: SmolLM2's tokenizer (common's converted GGUF folder) when tokenizer="smo
 tokenizer="chars" (tests, or when the model is missing) tokens = ceil(chars / CHARS_PER_TOKEN), the
 ratio measured on the shared corpus with the SmolLM2 tokenizer (see results/corpus.md).
 
-Files sim.py uses are flat: file names become base names, `include paths are cut to the base name (the
-only edit made to any file), headers (files no module lives in, e.g. .vh/.svh) come first, packages
-next, then the module files in the source's order.
+Files sim.py uses are flat: file names become base names; an `include of a header of the design is
+replaced by the header's text (between `/* begin `include "x.vh" */` and `/* end ... */` markers: the
+only edit made to any file, so sim.py instruments and the teacher reads what the header declares);
+headers nobody includes stay as files and come first, packages next, then the module files in the
+source's order (only those of the top's instantiation closure).
 
 Python API:
   build_pool(sources, out_dir, eval_tasks=(), **knobs) -> stats   (writes pool.jsonl + pool_stats.json)
@@ -346,15 +348,31 @@ def design_files(cand):
     headers = [(p, t) for p, t in files if p not in with_modules and p not in info["packages"]]
     pkgs = [(p, t) for p, t in files if p in info["packages"] and p not in with_modules]
     mods = [(p, t) for p, t in files if p in need]
+    by_name = {os.path.basename(p): t for p, t in files}
+    used_headers = set()
     out, seen = [], set()
-    for p, t in headers + pkgs + mods:
+    for p, t in pkgs + mods:
+        out.append((p, inline_includes(t, by_name, used_headers)))
+    out = [(p, t) for p, t in headers if os.path.basename(p) not in used_headers] + out
+    for p, _ in out:
         name = os.path.basename(p)
         if name in seen or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name) or name.startswith("."):
             raise ValueError("bad_file_names", f"file name {name!r} repeated or unusable")
         seen.add(name)
-        out.append({"name": name, "content": _INCLUDE.sub(lambda m: m.group(1) + os.path.basename(m.group(2))
-                                                          + m.group(3), t)})
-    return top, out
+    return top, [{"name": os.path.basename(p), "content": t} for p, t in out]
+
+
+def inline_includes(text, headers, used, depth=0):
+    """`include "x" lines replaced by the text of header x of the design (by base name, recursively), so
+    pyslang (sim.py, the teacher) sees the macros and declarations; includes not in the design stay."""
+    def sub(m):
+        name = os.path.basename(m.group(2))
+        if name not in headers or depth > 8:
+            return m.group(0)
+        used.add(name)
+        body = inline_includes(headers[name], headers, used, depth + 1)
+        return f"/* begin `include \"{name}\" */\n{body.rstrip()}\n/* end `include \"{name}\" */"
+    return _INCLUDE.sub(sub, text)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -550,9 +568,39 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
     tasks = ok_tasks
     say(f"design_pool: {len(tasks)} designs to calibrate ({time.time() - t0:.0f}s)")
 
-    # 6. teacher testbenches, simulated: the Icarus-calibrated target (chunks, streamed to pool.jsonl)
+    # 6. teacher testbenches, simulated: the Icarus-calibrated target (chunks, streamed to pool.jsonl;
+    #    pool_stats.json is rewritten after every chunk with complete = false until the end)
     pool_path = out / "pool.jsonl"
     n_pool, strong, passed, unreached = 0, [], 0, 0
+
+    def write_stats(complete):
+        kinds = Counter()
+        for s in stats.values():
+            kinds.update(s["kinds_pool"])
+        result = {
+            "complete": complete, "calibrated": calibrated, "to_calibrate": len(tasks),
+            "real_designs": n_pool,
+            "pool_by_kind": dict(kinds),
+            "sources": {src: {"funnel": s["funnel"], "rejected": dict(s["rejected"].most_common()),
+                              "kinds_read": dict(s["kinds_read"]), "kinds_pool": dict(s["kinds_pool"]),
+                              "real_designs": sum(s["kinds_pool"].values())} for src, s in stats.items()},
+            "teacher": {"level": "strong", "mean_coverage_pct": round(sum(strong) / max(1, len(strong)), 2),
+                        "pass_rate_vs_icarus_target": round(passed / max(1, len(strong)), 4),
+                        "designs_reaching_nothing": unreached},
+            "decontamination": {"eval_files": [e if isinstance(e, str) else f"<{len(e)} tasks>" for e in eval_tasks],
+                                "threshold": k["threshold"], "dropped": len(decon), "rows": decon},
+            "rtl_tokens": rtl_tokens, "prompt_tokens": prompt_tokens,
+            "config": {**k, "tokenizer": toks.kind, "chars_per_token": CHARS_PER_TOKEN if toks.kind == "chars" else None},
+            "seconds": round(time.time() - t0, 1),
+            "rejected_examples": rejected_examples,
+        }
+        tmp = out / "pool_stats.json.tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, out / "pool_stats.json")
+        return result
+
+    calibrated, rtl_tokens, prompt_tokens = 0, [], []
     with open(pool_path, "w") as f, tqdm(total=len(tasks), desc="calibrate (teacher sims)", unit="design",
                                          file=sys.stderr) as bar:
         for i in range(0, len(tasks), k["chunk"]):
@@ -574,29 +622,13 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
                 passed += sp is not None and sp >= target
                 f.write(json.dumps(t) + "\n")
                 n_pool += 1
+                rtl_tokens.append(t["rtl_tokens"])
+                prompt_tokens.append(t["prompt_tokens"])
             f.flush()
+            calibrated += len(chunk)
             bar.update(len(chunk))
-
-    kinds = Counter()
-    for s in stats.values():
-        kinds.update(s["kinds_pool"])
-    result = {
-        "real_designs": n_pool,
-        "pool_by_kind": dict(kinds),
-        "sources": {src: {"funnel": s["funnel"], "rejected": dict(s["rejected"].most_common()),
-                          "kinds_read": dict(s["kinds_read"]), "kinds_pool": dict(s["kinds_pool"]),
-                          "real_designs": sum(s["kinds_pool"].values())} for src, s in stats.items()},
-        "teacher": {"level": "strong", "mean_coverage_pct": round(sum(strong) / max(1, len(strong)), 2),
-                    "pass_rate_vs_icarus_target": round(passed / max(1, len(strong)), 4),
-                    "designs_reaching_nothing": unreached},
-        "decontamination": {"eval_files": [e if isinstance(e, str) else f"<{len(e)} tasks>" for e in eval_tasks],
-                            "threshold": k["threshold"], "dropped": len(decon), "rows": decon},
-        "config": {**k, "tokenizer": toks.kind, "chars_per_token": CHARS_PER_TOKEN if toks.kind == "chars" else None},
-        "seconds": round(time.time() - t0, 1),
-        "rejected_examples": rejected_examples,
-    }
-    with open(out / "pool_stats.json", "w") as f:
-        json.dump(result, f, indent=1)
+            write_stats(False)
+    result = write_stats(True)
     say(f"design_pool: {n_pool} designs -> {pool_path} ({result['seconds']:.0f}s)")
     return result
 
