@@ -39,7 +39,7 @@ tokenizer="chars" (tests, or when the model is missing) tokens = ceil(chars / CH
 ratio measured on the shared corpus with the SmolLM2 tokenizer (see results/corpus.md).
 
 Files sim.py uses are flat: file names become base names; an `include of a header of the design is
-replaced by the header's text (between `/* begin `include "x.vh" */` and `/* end ... */` markers: the
+replaced by the header's text (between `// begin included file x.vh` and `// end ...` lines: the
 only edit made to any file, so sim.py instruments and the teacher reads what the header declares);
 headers nobody includes stay as files and come first, packages next, then the module files in the
 source's order (only those of the top's instantiation closure).
@@ -371,7 +371,7 @@ def inline_includes(text, headers, used, depth=0):
             return m.group(0)
         used.add(name)
         body = inline_includes(headers[name], headers, used, depth + 1)
-        return f"/* begin `include \"{name}\" */\n{body.rstrip()}\n/* end `include \"{name}\" */"
+        return f"// begin included file {name}\n{body.rstrip()}\n// end included file {name}"
     return _INCLUDE.sub(sub, text)
 
 

@@ -40,7 +40,9 @@ INT_ONLY = "module pass_int (input int a, output int b);\n  assign b = a;\nendmo
 PARSE_ERR = "module broken (input a, output y);\n  assign y = a +;\nendmodule\n"
 UNDEF_CELL = "module uses_cell (input a, output y);\n  sky130_fd_sc_hd__inv_1 u0 (.A(a), .Y(y));\nendmodule\n"
 TWO_TOPS = MUX + "module other_top (input a, output y);\n  assign y = ~a;\nendmodule\n"
-SHIFT = "module shreg (input clk, input din, output reg [7:0] q);\n  always @(posedge clk) q <= {q[6:0], din};\nendmodule\n"
+SHIFT = ("module zyx_quokka (input wombat_clk, input [5:0] kiwi_bits, output reg [5:0] emu_hold);\n"
+         + "".join(f"  localparam [5:0] PLATYPUS_{i} = 6'd{i * 7 % 64};\n" for i in range(30))
+         + "  always @(posedge wombat_clk) emu_hold <= kiwi_bits ^ PLATYPUS_3;\nendmodule\n")
 TINY = "module t;\nendmodule\n"
 BIG = "module big (input [7:0] a, output [7:0] y);\n" + "".join(
     f"  wire [7:0] w{i} = a ^ 8'd{i};\n" for i in range(60)) + "  assign y = w0;\nendmodule\n"
@@ -88,8 +90,8 @@ def test_corpus_reader_and_submodules(tmp_path):
     top, files = dp.design_files(sub)
     # only the sub-module's closure; the included header is inlined in place of the `include line
     assert top == "cond_inv" and [f["name"] for f in files] == ["cond_inv.v"]
-    assert files[0]["content"] == SUB.replace('`include "defs.vh"', '/* begin `include "defs.vh" */\n`define W 8\n'
-                                                                     '/* end `include "defs.vh" */')
+    assert files[0]["content"] == SUB.replace('`include "defs.vh"', '// begin included file defs.vh\n'
+                                                                     '`define W 8\n// end included file defs.vh')
     top, files = dp.design_files(cands[0])
     assert top == "proj_top" and [f["name"] for f in files] == ["cond_inv.v", "top.v"]
     assert list(dp.read_corpus(p, submodules=False))[0]["kind"] == "project"
@@ -102,7 +104,7 @@ def test_design_files_includes_and_name_clash():
                                                     'module m(input [`W-1:0] a); endmodule\n')]}
     top, files = dp.design_files(cand)
     assert [f["name"] for f in files] == ["unused.vh", "m.v"]         # a header nobody includes stays, first
-    assert files[1]["content"].startswith('/* begin `include "d.vh" */\n`define W 4\n/* end `include "d.vh" */\n'
+    assert files[1]["content"].startswith('// begin included file d.vh\n`define W 4\n// end included file d.vh\n'
                                           '`include "missing.vh"\n')
     clash = {"id": "y", "top": "m", "files": [("a/s.v", "module s1; endmodule\n"), ("b/s.v", "module s2; endmodule\n"),
                                              ("m.v", "module m(input a); s1 u1(); s2 u2(); endmodule\n")]}
@@ -211,7 +213,7 @@ def built(tmp_path_factory):
     (folder / "mux2w.sv").write_text(MUX)
     evals = tmp / "eval.jsonl"
     evals.write_text(json.dumps({"id": "eval_mux", "rtl_files": [{"name": "m.sv", "content": SHIFT}],
-                                 "dut_module_name": "shreg", "dut_instance_name": "uut"}) + "\n")
+                                 "dut_module_name": "zyx_quokka", "dut_instance_name": "uut"}) + "\n")
     out = tmp / "out"
     stats = dp.build_pool([dp.read_corpus(corpus), dp.read_folder(folder)], out, [str(evals)], **KNOBS)
     pool = [json.loads(line) for line in (out / "pool.jsonl").read_text().splitlines()]
