@@ -41,7 +41,7 @@ PARSE_ERR = "module broken (input a, output y);\n  assign y = a +;\nendmodule\n"
 UNDEF_CELL = "module uses_cell (input a, output y);\n  sky130_fd_sc_hd__inv_1 u0 (.A(a), .Y(y));\nendmodule\n"
 TWO_TOPS = MUX + "module other_top (input a, output y);\n  assign y = ~a;\nendmodule\n"
 SHIFT = ("module zyx_quokka (input wombat_clk, input [5:0] kiwi_bits, output reg [5:0] emu_hold);\n"
-         + "".join(f"  localparam [5:0] PLATYPUS_{i} = 6'd{i * 7 % 64};\n" for i in range(30))
+         + "".join(f"  localparam [5:0] PLATYPUS_{i} = 6'd{i * 7 % 64};\n" for i in range(15))
          + "  always @(posedge wombat_clk) emu_hold <= kiwi_bits ^ PLATYPUS_3;\nendmodule\n")
 TINY = "module t;\nendmodule\n"
 BIG = "module big (input [7:0] a, output [7:0] y);\n" + "".join(
