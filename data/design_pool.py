@@ -634,6 +634,87 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
 
 
 # ----------------------------------------------------------------------------------------------
+# Report (results/corpus.md, corpus.json, corpus_tokens.png)
+# ----------------------------------------------------------------------------------------------
+
+def hardware():
+    import platform
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?") \
+        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()} {platform.release()}"
+
+
+def write_report(stats_path, results_dir, command="", commit=""):
+    """results_dir/corpus.json (the stats without per-design examples, plus command, commit, hardware),
+    corpus.md (tables) and corpus_tokens.png (histogram of RTL tokens of the pool)."""
+    st = json.loads(Path(stats_path).read_text())
+    res = Path(results_dir)
+    res.mkdir(parents=True, exist_ok=True)
+    doc = {k: v for k, v in st.items() if k not in ("rejected_examples", "rtl_tokens", "prompt_tokens")}
+    doc["decontamination"] = {**st["decontamination"], "rows": st["decontamination"]["rows"]}
+    toks = st.get("rtl_tokens") or []
+    ptoks = st.get("prompt_tokens") or []
+    q = (lambda xs, f: sorted(xs)[min(len(xs) - 1, int(f * len(xs)))] if xs else None)
+    doc["rtl_tokens_quantiles"] = {p: q(toks, p / 100) for p in (0, 10, 50, 90, 100)}
+    doc["prompt_tokens_quantiles"] = {p: q(ptoks, p / 100) for p in (0, 10, 50, 90, 100)}
+    doc.update(command=command, commit=commit, hardware=hardware())
+    (res / "corpus.json").write_text(json.dumps(doc, indent=1) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.hist(toks, bins=40, color="#4477aa")
+    ax.set_xlabel("RTL tokens (SmolLM2 tokenizer)" if st["config"]["tokenizer"] == "smollm2" else "RTL tokens (chars/2.5)")
+    ax.set_ylabel("designs")
+    ax.set_title(f"real-design pool: {st['real_designs']} designs")
+    fig.tight_layout()
+    fig.savefig(res / "corpus_tokens.png", dpi=110)
+    plt.close(fig)
+    L = ["# Real-design pool from the shared corpus", ""]
+    if not st.get("complete", True):
+        L += [f"**Partial run**: {st['calibrated']} of {st['to_calibrate']} designs calibrated when this was "
+              "written; the counts up to `prompt_fits` are final, `teacher_reaches` and the pool are partial.", ""]
+    L += [f"Command: `{command}`", "", f"Commit: `{commit}`; hardware: {doc['hardware']}; "
+          f"{st['seconds'] / 60:.1f} min.", "",
+          f"**real_designs: {st['real_designs']}** (by kind: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(st["pool_by_kind"].items())) + ")", "",
+          "## Funnel per source (designs left after each filter)", "",
+          "| source | " + " | ".join(FUNNEL) + " | pool |", "|---" * (len(FUNNEL) + 2) + "|"]
+    for src, s in st["sources"].items():
+        L.append(f"| {src} | " + " | ".join(str(s["funnel"][f]) for f in FUNNEL) + f" | {s['real_designs']} |")
+    L += ["", "## Rejections per source (reason: count)", ""]
+    for src, s in st["sources"].items():
+        L.append(f"- {src}: " + ", ".join(f"{r} {n}" for r, n in s["rejected"].items()))
+    L += ["", "## Kinds (read -> pool)", "", "| source | kind | read | pool |", "|---|---|---|---|"]
+    for src, s in st["sources"].items():
+        for kind, n in s["kinds_read"].items():
+            L.append(f"| {src} | {kind} | {n} | {s['kinds_pool'].get(kind, 0)} |")
+    t = st["teacher"]
+    L += ["", "## Strong template teacher on the pool", "",
+          f"Mean overall coverage of the strong template: {t['mean_coverage_pct']} %; pass rate against the "
+          f"Icarus-calibrated target (`icarus_overall_average` = min(90, floor(best of strong, long, "
+          f"long+refine))): {100 * t['pass_rate_vs_icarus_target']:.1f} %; designs the teacher reaches nothing on "
+          f"(dropped): {t['designs_reaching_nothing']}.", "",
+          "## Decontamination against the evaluation files", "",
+          f"Files: {', '.join(st['decontamination']['eval_files'])}; ROUGE-L / 5-gram F1 >= "
+          f"{st['decontamination']['threshold']} (data.designs.contamination_filter): "
+          f"{st['decontamination']['dropped']} designs dropped.", ""]
+    for r in st["decontamination"]["rows"][:40]:
+        L.append(f"- `{r['id']}` ~ `{r['eval_id']}` (5-gram F1 {r['ngram_f1']}, ROUGE-L {r['rouge_l_f1']})")
+    c = st["config"]
+    L += ["", "## Size bounds and tokens", "",
+          f"RTL tokens in [{c['min_tokens']}, {c['max_tokens']}], chat prompt <= {c['max_prompt_tokens']} tokens "
+          f"(tokenizer: {c['tokenizer']}). The authors keep RTL > 1000 tokens; on this corpus that would leave "
+          "fewer than 1,000 designs before the compile and teacher filters, so the lower bound is 300. "
+          "The upper bound 4000 keeps system prompt + spec + RTL + a ~2k-token answer inside SmolLM2's 8k context.",
+          "", f"Pool RTL tokens (min/p10/median/p90/max): {list(doc['rtl_tokens_quantiles'].values())}; "
+          f"prompt tokens: {list(doc['prompt_tokens_quantiles'].values())}.", "",
+          "![RTL tokens](corpus_tokens.png)", ""]
+    (res / "corpus.md").write_text("\n".join(L) + "\n")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
 
@@ -651,7 +732,7 @@ def main(argv=None):
     ap.add_argument("--hf-license", default=None, help="licence recorded on every task of the dataset")
     ap.add_argument("--folder", action="append", default=[], help="folder of .v/.sv designs")
     ap.add_argument("--eval-tasks", nargs="*", default=[], help="evaluation task JSONL files to decontaminate against")
-    ap.add_argument("--out", required=True, help="output folder (pool.jsonl, pool_stats.json); keep it out of git")
+    ap.add_argument("--out", help="output folder (pool.jsonl, pool_stats.json); keep it out of git")
     ap.add_argument("--limit", type=int, default=None, help="only the first N candidates of each source")
     for name in ("min_tokens", "max_tokens", "max_prompt_tokens", "max_submodules", "workers", "chunk"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=DEFAULTS[name])
@@ -660,9 +741,20 @@ def main(argv=None):
     ap.add_argument("--tokenizer", default=DEFAULTS["tokenizer"], choices=["smollm2", "chars"])
     ap.add_argument("--no-submodules", action="store_true", help="whole projects only")
     ap.add_argument("--keep-unreached", action="store_true", help="keep designs the teacher reaches nothing on")
+    ap.add_argument("--report", metavar="POOL_STATS", help="only write results/corpus.{md,json,png} from a "
+                    "pool_stats.json (with --command / --commit of the run) and exit")
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--command", default="", help="the run's command line, for --report")
+    ap.add_argument("--commit", default="", help="the run's commit, for --report")
     args = ap.parse_args(argv)
-    if not (args.corpus or args.hf or args.folder):
-        ap.error("give at least one source: --corpus, --hf or --folder")
+    if args.report:
+        if not Path(args.report).is_file():
+            sys.exit(f"error: {args.report}: no such file")
+        write_report(args.report, args.results, args.command, args.commit)
+        print(f"wrote {args.results}/corpus.md, corpus.json, corpus_tokens.png")
+        return
+    if not (args.corpus or args.hf or args.folder) or not args.out:
+        ap.error("give --out and at least one source: --corpus, --hf or --folder")
     if args.hf and len(args.rtl_col) not in (0, len(args.hf)):
         ap.error("give one --rtl-col per --hf (or none, for presets)")
     import itertools

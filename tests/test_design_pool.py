@@ -273,3 +273,15 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     bad.write_text('{"id": "a", "rtl_files": {"m.v": "module m; endmodule"}}\n{oops\n')
     with pytest.raises(dp.PoolError, match=r"bad.jsonl:2: invalid JSON"):
         list(dp.read_corpus(bad))
+
+
+@pytest.mark.needs_iverilog
+def test_report_files(built, tmp_path):
+    stats, pool, out = built
+    dp.main(["--report", str(out / "pool_stats.json"), "--results", str(tmp_path), "--command", "python x", "--commit", "abc"])
+    doc = json.loads((tmp_path / "corpus.json").read_text())
+    assert doc["real_designs"] == 4 and doc["command"] == "python x" and doc["commit"] == "abc"
+    assert doc["sources"]["lib"]["funnel"]["teacher_reaches"] == 3 and "rejected_examples" not in doc
+    md = (tmp_path / "corpus.md").read_text()
+    assert "**real_designs: 4**" in md and "| lib | 15 | 13 | 11 | 10 | 9 | 7 | 5 | 4 | 3 | 3 |" in md
+    assert "- folder:fold: several_tops 1" in md and (tmp_path / "corpus_tokens.png").stat().st_size > 1000
