@@ -2,19 +2,25 @@
 
 Both CVDP layouts are read:
 - non-agentic: {id, categories, input: {prompt, context}, output: {response, context}, harness: {files}}
-- agentic:     {id, categories, system_message?, prompt, context: {files}, patch: {files}, harness: {files}}
+- agentic:     {id, categories, system_message?, prompt, context, patch, harness}; in the public v1.0.2
+               release context/patch/harness are the file dicts themselves ({path: text}); the older
+               form wraps them as {files: {path: text}}. Both are read.
 
 For category cid012 (stimulus testbench + coverage):
 - DUT RTL: the harness `src/*.sv|*.v` files (else context files under `rtl/`);
 - top module: `TOPLEVEL` in `src/.env` when present, else the one module no other RTL module
   instantiates (the prompt breaks ties);
-- target: `TARGET` in `src/.env`, on the instance the harness checks (`metrics["uut"]["Average"]`),
-  as {inst_name, metric: "overall_average", target_percentage};
-- instance name: from the harness check, else from the prompt ("instantiated as `uut`");
+- target: `TARGET` in `src/.env` (else a `TARGET=` line of any harness file, e.g. docker-compose.yml),
+  on the instance the harness checks, as {inst_name, metric: "overall_average", target_percentage};
+  a record with the DUT RTL but no TARGET anywhere is imported with CVDP's usual 90 and
+  source.target_default = true;
+- instance name: from the harness check (`metrics["uut"]["Average"]`, or `dut = "uut"` in
+  src/process.py), else from the prompt ("instantiated as `uut`"), else from the reference testbench's
+  instantiation of the top module;
 - spec files: the prompt (as spec.md) plus context `docs/*`; reference testbench: the `verif/` file of
   the solution (output.context or patch), kept as `reference_tb` (never shown to the model).
 
-Every malformed line raises CvdpError naming the file, the line number and the reason; with
+Every malformed line raises CvdpError naming the file, the line number, the record id and the reason; with
 --keep-going the good rows are written and all bad lines are listed. Records of other categories
 are counted and reported (use --categories to import them too).
 
@@ -32,6 +38,7 @@ from pathlib import Path
 import pyslang
 
 RTL_EXT = (".sv", ".v", ".svh", ".vh")
+DEFAULT_TARGET = 90.0       # CVDP's usual overall-average target, for a record whose harness names none
 
 
 class CvdpError(ValueError):
@@ -39,10 +46,13 @@ class CvdpError(ValueError):
 
 
 def _files_of(obj, where):
+    """File name -> text of a files object: {path: text}, or the wrapped form {files: {path: text}}."""
     if obj is None:
         return {}
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is {type(obj).__name__}, expected an object of file name -> text")
+    if isinstance(obj.get("files"), dict):
+        obj = obj["files"]
     return {k: v for k, v in obj.items() if isinstance(v, str)}
 
 
@@ -73,13 +83,21 @@ def _modules(rtl_files):
     return defined, used
 
 
-def _instance_name(prompt, harness):
+def _instance_name(prompt, harness, top=None, ref_tb=""):
     for text in harness.values():
         m = re.search(r"metrics\s*\[\s*[\"'](\w+)[\"']\s*\]\s*\[\s*[\"']Average", text)
         if m:
             return m.group(1)
+    for name, text in harness.items():
+        m = re.search(r"^\s*dut\s*=\s*[\"'](\w+)[\"']", text, re.M) if name.endswith(".py") else None
+        if m:
+            return m.group(1)
     m = re.search(r"instantiated\s+(?:as|with(?:\s+the)?\s+instance\s+name)\s+[`'\"*]*(\w+)", prompt, re.I) \
         or re.search(r"instance\s+name\s+(?:should\s+be\s+|is\s+|as\s+)?[`'\"*]+(\w+)", prompt, re.I)
+    if m:
+        return m.group(1)
+    m = re.search(r"(?<!module )\b" + re.escape(top) + r"(?:\s*#\s*\((?:[^()]|\([^()]*\))*\))?\s+(\w+)\s*\(", ref_tb) \
+        if top and ref_tb else None
     return m.group(1) if m else None
 
 
@@ -106,12 +124,17 @@ def convert_record(rec, source_path="", line_no=0):
         raise ValueError("neither 'input' (non-agentic) nor 'prompt' (agentic) present")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("empty prompt")
-    harness = _files_of((rec["harness"] or {}).get("files") if isinstance(rec["harness"], dict) else None,
-                        "harness.files")
+    harness = _files_of(rec["harness"], "harness")
     env = {}
     for name, text in harness.items():
         if Path(name).name == ".env":
             env.update(_env(text))
+    if "TARGET" not in env:         # e.g. `- TARGET=90` under environment: in docker-compose.yml
+        for text in harness.values():
+            m = re.search(r"\bTARGET\s*[=:]\s*[\"']?([0-9.]+)", text)
+            if m:
+                env["TARGET"] = m.group(1)
+                break
     rtl = [{"name": Path(n).name, "content": t} for n, t in sorted(harness.items())
            if n.startswith("src/") and n.endswith(RTL_EXT)]
     if not rtl:
@@ -134,19 +157,19 @@ def convert_record(rec, source_path="", line_no=0):
             top = named[0]
         else:
             raise ValueError(f"cannot choose the top module among {tops or defined}")
-    if "TARGET" not in env:
-        raise ValueError("no TARGET in the harness src/.env")
+    target_default = "TARGET" not in env
     try:
-        target = float(env["TARGET"])
+        target = float(env.get("TARGET", DEFAULT_TARGET))
     except ValueError:
         raise ValueError(f"TARGET={env['TARGET']!r} in src/.env is not a number")
-    inst = _instance_name(prompt, harness)
-    if not inst:
-        raise ValueError("no instance name in the harness (metrics[...]) nor in the prompt")
     spec = [{"name": "spec.md", "content": prompt}] + [
         {"name": Path(n).name, "content": t} for n, t in sorted(context.items()) if n.startswith("docs/")]
     ref = [{"name": Path(n).name, "content": t} for n, t in sorted(solution.items())
            if n.startswith("verif/") and n.endswith(RTL_EXT)]
+    inst = _instance_name(prompt, harness, top, ref[0]["content"] if ref else "")
+    if not inst:
+        raise ValueError("no instance name in the harness (metrics[...] or dut = ...), the prompt, "
+                         "nor the reference testbench")
     cats = rec["categories"] if isinstance(rec["categories"], list) else [rec["categories"]]
     diff = next((c for c in cats if c in ("easy", "medium", "hard")), None)
     return {
@@ -162,7 +185,7 @@ def convert_record(rec, source_path="", line_no=0):
         "reference_tb": ref[0] if ref else None,
         "aux_files": None,
         "source": {"benchmark": "CVDP", "path": Path(source_path).name, "line": line_no,
-                   "categories": cats},
+                   "categories": cats, "target_default": target_default},
     }
 
 
@@ -186,7 +209,8 @@ def import_cvdp(paths, categories=("cid012",), keep_going=False):
                     tasks.append(convert_record(rec, path, no))
                 except (json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
                     kind = "invalid JSON" if isinstance(e, json.JSONDecodeError) else "bad record"
-                    msg = f"{path}:{no}: {kind}: {e}"
+                    rid = rec.get("id") if not isinstance(e, json.JSONDecodeError) and isinstance(rec, dict) else None
+                    msg = f"{path}:{no}: {kind}" + (f" {rid}" if rid else "") + f": {e}"
                     if not keep_going:
                         raise CvdpError(msg) from None
                     errors.append(msg)
