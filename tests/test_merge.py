@@ -509,6 +509,13 @@ def test_vs_peft_ties(zoo, tmp_path):
 # The adapter-vs-delta comparison printed into results/merge.md (not a test)
 
 REGIMES = {"independent": {}, "shared start, drift 0.3": dict(drift=0.3), "shared start, drift 0.05": dict(drift=0.05)}
+# (label, method, dare_norm): both DARE-TIES forms
+VARIANTS = [("soup", "soup", None), ("ties", "ties", None), ("dare_ties sum", "dare_ties", "sum"),
+            ("dare_ties mean", "dare_ties", "mean"), ("della", "della", None)]
+
+
+def _norm_kw(dare_norm):
+    return {"dare_norm": dare_norm} if dare_norm else {}
 
 
 def compare(workdir):
@@ -524,22 +531,23 @@ def compare(workdir):
     for j, (regime, kw) in enumerate(REGIMES.items()):
         ads = [make_adapter(workdir / "base", workdir / f"r{j}_{i}", seed=100 + i, start=start if kw else None, **kw)
                for i in range(3)]
-        for method in merge.METHODS:
+        for label, method, norm in VARIANTS:
             rep = merge.merge_adapters(ads, workdir / "out", method, space="adapter", density=0.5, epsilon=0.15,
-                                       compare_delta=True)
+                                       compare_delta=True, **_norm_kw(norm))
             s = rep["summary"]
-            rows.append(("adapter-vs-delta", regime, method, s["rel_error_vs_delta_mean"], s["rel_error_vs_delta_max"]))
-        for method in ("dare_ties", "della"):
-            merge.merge_adapters(ads, workdir / "s0", method, space="delta", rank=32, seed=0)
-            merge.merge_adapters(ads, workdir / "s1", method, space="delta", rank=32, seed=1)
+            rows.append(("adapter-vs-delta", regime, label, s["rel_error_vs_delta_mean"], s["rel_error_vs_delta_max"],
+                         s["norm_ratio_vs_delta_mean"]))
+        for label, method, norm in VARIANTS[2:]:
+            merge.merge_adapters(ads, workdir / "s0", method, space="delta", rank=32, seed=0, **_norm_kw(norm))
+            merge.merge_adapters(ads, workdir / "s1", method, space="delta", rank=32, seed=1, **_norm_kw(norm))
             d0, d1 = deltas_of(workdir / "s0"), deltas_of(workdir / "s1")
             rels = [((d0[k] - d1[k]).norm() / d1[k].norm()).item() for k in d0]
-            rows.append(("seed-to-seed", regime, method, sum(rels) / len(rels), max(rels)))
-        for method in merge.METHODS:
+            rows.append(("seed-to-seed", regime, label, sum(rels) / len(rels), max(rels)))
+        for label, method, norm in VARIANTS:
             for rank in (4, 8, 12, 16, 24, 32):
                 rep = merge.merge_adapters(ads, workdir / "out", method, space="delta", density=0.5, epsilon=0.15,
-                                           rank=rank)
-                rows.append(("delta-svd", regime, method, rank, rep["summary"]["svd_rel_error_mean"]))
+                                           rank=rank, **_norm_kw(norm))
+                rows.append(("delta-svd", regime, label, rank, rep["summary"]["svd_rel_error_mean"]))
     return rows
 
 
@@ -557,8 +565,9 @@ def compare_smollm_shapes():
                 if drift is not None:
                     B, A = B0 + drift * B, A0 + drift * A
                 deltas.append(B @ A)
-            S_by_method = {m: torch.linalg.svdvals(merge.METHODS[m](deltas, density=0.5, seed=0, tag="x"))
-                           for m in merge.METHODS}
+            S_by_method = {label: torch.linalg.svdvals(merge.METHODS[m](deltas, density=0.5, seed=0, tag="x",
+                                                                         **_norm_kw(norm)))
+                           for label, m, norm in VARIANTS}
             for m, S in S_by_method.items():
                 errs = [(S[k:].square().sum() / S.square().sum()).sqrt().item() for k in (16, 48, 64, 128, 256, 384)]
                 rows.append((f"{shape[0]}x{shape[1]}", regime, m, errs))
@@ -592,9 +601,10 @@ def time_smollm_shapes(workdir, n_layers=3):
     ads = [write_synthetic_adapter(Path(workdir) / f"s{i}", seed=i, n_layers=n_layers) for i in range(3)]
     rows = []
     for space, rank in (("adapter", None), ("delta", None), ("delta", 128)):
-        for method in merge.METHODS:
-            rep = merge.merge_adapters(ads, Path(workdir) / "o", method, space=space, rank=rank, density=0.5)
-            rows.append((space, rank, method, rep["output"]["r"], rep["timings_s"]["total"],
+        for label, method, norm in VARIANTS:
+            rep = merge.merge_adapters(ads, Path(workdir) / "o", method, space=space, rank=rank, density=0.5,
+                                       **_norm_kw(norm))
+            rows.append((space, rank, label, rep["output"]["r"], rep["timings_s"]["total"],
                          rep["summary"]["svd_rel_error_mean"]))
     return rows
 
@@ -610,20 +620,21 @@ if __name__ == "__main__" and "--compare" in sys.argv:
         big = compare_smollm_shapes()
         timing = time_smollm_shapes(d)
     print("Adapter space: relative Frobenius distance ||B A - method(deltas)|| / ||method(deltas)|| per module "
-          "(mean / max over 14 modules); seed-to-seed: the same distance between two delta-space draws (seeds 0, 1)\n")
-    print("| regime | method | adapter vs delta | delta seed-to-seed |")
-    print("| --- | --- | --- | --- |")
+          "(mean / max over 14 modules) and the norm ratio ||B A|| / ||method(deltas)|| (mean); seed-to-seed: the "
+          "distance between two delta-space draws (seeds 0, 1)\n")
+    print("| regime | method | adapter vs delta | norm ratio | delta seed-to-seed |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
         if r[0] == "adapter-vs-delta":
             seed = [x for x in rows if x[0] == "seed-to-seed" and x[1:3] == r[1:3]]
             floor = f"{seed[0][3]:.3f} / {seed[0][4]:.3f}" if seed else "0 (deterministic)"
-            print(f"| {r[1]} | {r[2]} | {r[3]:.3f} / {r[4]:.3f} | {floor} |")
+            print(f"| {r[1]} | {r[2]} | {r[3]:.3f} / {r[4]:.3f} | {r[5]:.3f} | {floor} |")
     ranks = sorted({r[3] for r in rows if r[0] == "delta-svd"})
     print("\nDelta space, tiny Llama: mean relative SVD error over 14 modules vs output rank (min dim 16 or 32)\n")
     print("| regime | method | " + " | ".join(f"rank {k}" for k in ranks) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in ranks) + " |")
     for regime in REGIMES:
-        for method in merge.METHODS:
+        for method, _, _ in VARIANTS:
             vals = [r for r in rows if r[0] == "delta-svd" and r[1] == regime and r[2] == method]
             print(f"| {regime} | {method} | " + " | ".join(f"{r[4]:.3f}" for r in vals) + " |")
     print("\nDelta space, SmolLM2-135M module shapes, 3 random r-16 experts: relative SVD error vs output rank\n")
