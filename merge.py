@@ -36,8 +36,9 @@ sign, the sum form keeps only the agreeing experts' weighted share, the mean for
   mean  peft's `dare_ties` (add_weighted_adapter; it divides by the count of agreeing entries, == ours with
         uniform weights), the DARE authors' code (DARE masks, then their TIES merge: a disjoint mean), and
         mergekit's `dare_ties` with `normalize: true`; before --dare-norm, merge.py's only form.
-The default is sum: mergekit's default, unbiased on the experts this kit merges (which share a lineage by
-construction), and it needs no lam tuning to keep the model's format. DELLA stays in the mean form, which
+The default is sum: it is mergekit's default, it keeps the experts' scale where they agree in sign, which
+is most entries for the experts this kit merges (they share a lineage by construction), and so it needs no
+lam tuning to keep the model's answer format. DELLA stays in the mean form, which
 is mergekit's `della` default (`normalize: true`); on one lineage it is ~1/density x the soup as well.
 mergekit's current DARE rescale is the ratio of the delta's L1 norms before and after the drop (older
 versions: 1/density exactly, as here and in peft): about 1/density on large tensors.

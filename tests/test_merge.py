@@ -151,7 +151,8 @@ def test_random_keep_power():
     x = torch.arange(1.0, 13.0).view(3, 4)
     seed = merge.draw_seed(7, "m/A", 0)
     u = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
-    assert torch.allclose(merge.random_keep(x, 0.25, seed, power=0.5), torch.where(u < 0.25, x * 2, torch.zeros_like(x)))
+    got = merge.random_keep(x, 0.25, seed, power=0.5)                # kept entries times 1/sqrt(0.25) = 2
+    assert torch.allclose(got, torch.where(u < 0.25, x * 2, torch.zeros_like(x)))
     assert merge.factor_rescale_power("dare_ties", "sum") == 1.0
     assert merge.factor_rescale_power("dare_ties", "mean") == merge.factor_rescale_power("della", "sum") == 0.5
 
