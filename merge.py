@@ -4,6 +4,7 @@
     python merge.py --method ties --adapters A B C --out DIR --density 0.5
     python merge.py --method della --space delta --rank 256 --adapters A B C --out DIR
     python merge.py --method dare_ties --space delta --full --base MODEL_DIR --adapters A B C --out DIR
+    python merge.py --method dare_ties --dare-norm mean --lam 0.5 --adapters A B C --out DIR
 
 Methods (CHORUS method.md §5; each is defined on task vectors delta_i and is one plain function below,
 applied per module to a list of tensors; METHODS maps the name to it):
@@ -11,12 +12,36 @@ applied per module to a list of tensors; METHODS maps the name to it):
   ties       trim each delta to its top `density` fraction by magnitude (whole tensor), elect the sign of
              every entry by the weighted sum of the trimmed deltas, average the entries that agree with it
              (weighted disjoint mean), times lam.
-  dare_ties  drop each entry with probability p = 1 - density, rescale the kept ones by 1/(1-p), then the
-             TIES sign election and disjoint mean, times lam.
+  dare_ties  drop each entry with probability 1 - density, rescale the kept ones by 1/density, elect the
+             sign of every entry by the weighted sum of the rescaled deltas (as TIES), then, by --dare-norm:
+               sum  (default)  sum_i w_i m_i x_i: the weighted sum of the agreeing kept entries, not divided;
+               mean            sum_i w_i m_i x_i / sum_i w_i m_i: TIES' disjoint mean over them;
+             times lam (x_i the rescaled deltas, m_i marks the kept entries that agree with the elected sign).
+             With density 1 they are TIES without trimming, in its sum and mean forms.
   della      MagPrune: within each row, keep probabilities rise linearly with the magnitude rank from
              density - epsilon (smallest) to density + epsilon (largest), i.e. drop probabilities fall
              inside a window of +-epsilon around 1 - density; kept entries are rescaled by 1/keep_prob;
-             then the TIES sign election and disjoint mean, times lam.
+             then the TIES sign election and disjoint mean (always the mean form), times lam.
+
+DARE-TIES, the two normalisations. The 1/density rescale keeps each delta's expected value; the sum form
+keeps it through the merge, so on experts that agree (one lineage: staged SFT checkpoints, then RL, as in
+CHORUS) it stays near the soup (measured 1.16-1.21 x the soup's norm on synthetic related experts: the
+drop noise). The mean form divides by the weight of the entries that survived the drop, which undoes the
+drop a second time: where the experts agree it is about 1/density x the soup (measured 1.9x at density 0.5
+on the small run's experts, enough to lose the answer format; results/small_run.md); it fits task vectors
+whose kept entries rarely overlap, and lam ~ density compensates otherwise. Where the experts disagree in
+sign, the sum form keeps only the agreeing experts' weighted share, the mean form their mean. Who computes which:
+  sum   mergekit's `dare_ties` with its default `normalize: false` (our weights are normalised to sum 1:
+        ours == mergekit's with weights w_i; mergekit's unnormalised weights correspond to our lam).
+  mean  peft's `dare_ties` (add_weighted_adapter; it divides by the count of agreeing entries, == ours with
+        uniform weights), the DARE authors' code (DARE masks, then their TIES merge: a disjoint mean), and
+        mergekit's `dare_ties` with `normalize: true`; before --dare-norm, merge.py's only form.
+The default is sum: it is mergekit's default, it keeps the experts' scale where they agree in sign, which
+is most entries for the experts this kit merges (they share a lineage by construction), and so it needs no
+lam tuning to keep the model's answer format. DELLA stays in the mean form, which
+is mergekit's `della` default (`normalize: true`); on one lineage it is ~1/density x the soup as well.
+mergekit's current DARE rescale is the ratio of the delta's L1 norms before and after the drop (older
+versions: 1/density exactly, as here and in peft): about 1/density on large tensors.
 
 Two spaces (docs: stack.md §3):
   --space adapter (default)  apply the method to the factors: all A_i together, all B_i together, per
@@ -27,7 +52,22 @@ Two spaces (docs: stack.md §3):
       adapters returns that adapter) and are small when they share a start and drift little; for
       independently trained adapters the adapter-space merge is not an average of the deltas at all.
       TIES/DARE/DELLA trim, drop and elect signs on A and B entries separately, so their product is not
-      the method's delta-space result either (`--compare-delta` reports the distance per module).
+      the method's delta-space result either (`--compare-delta` reports the distance and norm ratio per
+      module). DARE/DELLA drop A and B entries independently, so a term B_ik A_kj of the product survives
+      with probability p_B p_A; the rescale is chosen so that the product carries the method's rescale once:
+        sum form (dare_ties --dare-norm sum): 1/p on each factor. Each merged factor is then unbiased, and
+        E[B A] = E[B] E[A] is the product of the factor soups (the 1/(p_B p_A) on a term is its inverse
+        survival probability). 1/sqrt(p) here would shrink the product to density x (measured 0.58 of the
+        delta-space merge's norm).
+        mean forms (dare_ties --dare-norm mean, della): 1/sqrt(p) on each factor. The disjoint mean already
+        puts each factor back at its own scale where the experts agree, so a 1/p on each factor reached the
+        product twice: 3.5x the soup's norm at density 0.5, ~1/density x the delta-space merge (peft's
+        add_weighted_adapter dare_ties does that). sqrt on both rather than 1/p on one factor: A and B are
+        treated alike (no arbitrary side; lam alone goes on B) and DELLA's per-entry p splits the same way.
+      Measured on related experts (3, shared start + 5-30 % drift, density 0.5; the tiny Llama of
+      tests/test_merge.py and random r-16 factors of SmolLM2-135M module shapes): the product's norm is
+      0.93-0.97 of the delta-space merge's for the mean forms (mean over modules), 1.12-1.17 for the sum
+      form (the drop noise of two factors instead of one), against 1.64-1.90 with 1/p on both factors.
   --space delta  merge the real task vectors delta_i = s_i B_i A_i (out x in, per module) exactly as the
       methods are defined. Output: a LoRA from the truncated SVD of the merged delta at `--rank` (default
       sum_i r_i), with the relative Frobenius error per module in the report; a sparsified delta is full
@@ -46,6 +86,9 @@ Relation to peft's `add_weighted_adapter` (checked in tests/test_merge.py):
     scale, as in TIES with non-uniform weights and mergekit's normalised form).
   - we trim to round(density * numel) entries; peft's magnitude_based_pruning truncates with int(), which
     turns 0.29 * 100 into 28. peft's sign-mask helper is used as is.
+  - dare_ties --dare-norm mean == peft "dare_ties" with weights 1 up to the random masks (uniform weights,
+    equal scalings; delta space == "dare_ties_svd"); peft has no sum form. In adapter space peft rescales
+    both factors by 1/density (see "Two spaces").
   - dare_ties/della draw their masks from a seeded generator per (seed, module, factor, adapter) on the
     CPU, so a merge is deterministic and the same on CPU and GPU; peft's random pruning uses the global RNG.
   - della is not in peft; we rescale kept entries by 1/keep_prob per entry (the DELLA paper), not by the
@@ -77,6 +120,8 @@ CONFIG_FILE = "adapter_config.json"
 REPORT_FILE = "merge_report.json"
 DEFAULT_DENSITY = 0.5      # fraction of each delta kept by ties/dare_ties/della (the paper gives none)
 DEFAULT_EPSILON = 0.15     # DELLA window half-width (mergekit's default; the paper gives none)
+DARE_NORMS = ("sum", "mean")
+DEFAULT_DARE_NORM = "sum"  # dare_ties' normalisation (--dare-norm; why 'sum' is the default: module docstring)
 # files copied from the base folder into OUT/full so that it loads as a complete model with its tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -119,15 +164,16 @@ def draw_seed(seed, tag, i):
     return zlib.crc32(f"{seed}/{tag}/{i}".encode())
 
 
-def random_keep(x, keep_prob, seed):
-    """Keep each entry with probability keep_prob (scalar or per entry) and rescale it by 1/keep_prob (unbiased).
+def random_keep(x, keep_prob, seed, power=1.0):
+    """Keep each entry with probability keep_prob (scalar or per entry) and rescale it by 1/keep_prob**power
+    (power 1: unbiased, DARE's rescale; adapter space uses 0.5 for the mean forms, see merge_module).
 
     The uniform draws u come from a CPU generator seeded with `seed` (one u per entry, row-major), so the
     same seed gives the same mask on any device; entry kept iff u < keep_prob."""
     gen = torch.Generator().manual_seed(seed)
     u = torch.rand(x.shape, generator=gen, dtype=torch.float32).to(x.device)
     keep_prob = torch.as_tensor(keep_prob, dtype=x.dtype, device=x.device)
-    return torch.where(u < keep_prob, x / keep_prob, torch.zeros_like(x))
+    return torch.where(u < keep_prob, x / keep_prob ** power, torch.zeros_like(x))
 
 
 def della_keep_prob(x, density, epsilon):
@@ -141,49 +187,69 @@ def della_keep_prob(x, density, epsilon):
     return density - epsilon + 2 * epsilon * rank_norm
 
 
-def elect_sign_mean(stacked, w):
-    """TIES sign election + disjoint mean over stacked (n, ...) task tensors with weights w (n,).
+def elect_sign_merge(stacked, w, norm="mean"):
+    """TIES sign election + disjoint merge over stacked (n, ...) task tensors with weights w (n,, summing to 1).
 
-    The elected sign of each entry is the sign of the weighted sum (ties go to +, peft's convention); the
-    result is sum_i w_i m_i x_i / sum_i w_i m_i over the entries that agree with it (m_i; zeros never agree),
-    0 where none agrees."""
+    The elected sign of each entry is the sign of the weighted sum (ties go to +, peft's convention); m_i
+    marks the entries that agree with it (zeros never agree). norm "mean": sum_i w_i m_i x_i / sum_i w_i m_i,
+    0 where none agrees (the disjoint mean); norm "sum": sum_i w_i m_i x_i (no division)."""
     weighted = stacked * _view(w, stacked)
     agree = calculate_majority_sign_mask(weighted, method="total")
     num = (weighted * agree).sum(0)
+    if norm == "sum":
+        return num
     den = (_view(w, stacked) * agree).sum(0)
     return torch.where(den > 0, num / den, torch.zeros_like(num))
 
 
 # ----------------------------------------------------------------------------------------------------
 # The methods: one function each, same signature, over the list of one module's tensors (task vectors in
-# delta space, or stacked A's / B's in adapter space). `tag` names the tensor for the random draws.
+# delta space, or stacked A's / B's in adapter space). `tag` names the tensor for the random draws;
+# dare_norm is dare_ties' normalisation; rescale_power the exponent of the random methods' 1/keep_prob
+# rescale (1 on task vectors; merge_module picks it per factor in adapter space). A method ignores what it
+# does not use.
 
-def soup(tensors, weights=None, *, density=1.0, epsilon=0.0, lam=1.0, seed=0, tag=""):
+def soup(tensors, weights=None, *, density=1.0, epsilon=0.0, lam=1.0, seed=0, tag="", dare_norm=DEFAULT_DARE_NORM,
+         rescale_power=1.0):
     """Model soup: lam * sum_i w_i x_i with w normalised to sum 1 (uniform by default)."""
     stacked = torch.stack(tensors)
     w = _weights(weights, len(tensors), stacked.device)
     return lam * (stacked * _view(w, stacked)).sum(0)
 
 
-def ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag=""):
+def ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag="",
+         dare_norm=DEFAULT_DARE_NORM, rescale_power=1.0):
     """TIES: magnitude trim to `density`, sign election by weighted mass, weighted disjoint mean, times lam."""
     stacked = torch.stack([trim_magnitude(x, density) for x in tensors])
-    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), "mean")
 
 
-def dare_ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag=""):
-    """DARE-TIES: random drop with rate 1 - density, rescale by 1/density, then TIES election and mean, times lam."""
-    stacked = torch.stack([random_keep(x, density, draw_seed(seed, tag, i)) for i, x in enumerate(tensors)])
-    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+def dare_ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag="",
+              dare_norm=DEFAULT_DARE_NORM, rescale_power=1.0):
+    """DARE-TIES: random drop with rate 1 - density, rescale by 1/density, TIES sign election, then the
+    weighted sum of the agreeing entries (dare_norm "sum") or their weighted mean ("mean"), times lam."""
+    stacked = torch.stack([random_keep(x, density, draw_seed(seed, tag, i), rescale_power)
+                           for i, x in enumerate(tensors)])
+    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), dare_norm)
 
 
-def della(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=DEFAULT_EPSILON, lam=1.0, seed=0, tag=""):
+def della(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=DEFAULT_EPSILON, lam=1.0, seed=0, tag="",
+          dare_norm=DEFAULT_DARE_NORM, rescale_power=1.0):
     """DELLA: per-row magnitude-ranked drop (MagPrune, rescale 1/keep_prob), TIES election and mean, times lam.
 
-    With epsilon 0 every keep probability is `density` and the draws are DARE's, so della == dare_ties."""
-    stacked = torch.stack([random_keep(x, della_keep_prob(x, density, epsilon), draw_seed(seed, tag, i))
+    Always the mean form (mergekit's della default, normalize: true); dare_norm is ignored. With epsilon 0
+    every keep probability is `density` and the draws are DARE's, so della == dare_ties(dare_norm="mean")."""
+    stacked = torch.stack([random_keep(x, della_keep_prob(x, density, epsilon), draw_seed(seed, tag, i), rescale_power)
                            for i, x in enumerate(tensors)])
-    return lam * elect_sign_mean(stacked, _weights(weights, len(tensors), stacked.device))
+    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), "mean")
+
+
+def factor_rescale_power(method, dare_norm):
+    """Adapter space: the exponent of 1/keep_prob on each factor's kept entries, so that the product B A
+    carries the method's rescale once (module docstring, "Two spaces"): 1/sqrt(keep_prob) per factor for the
+    mean forms (dare_ties --dare-norm mean, della), 1/keep_prob per factor for the sum form (each factor
+    unbiased, so E[B A] is the product of the factor soups). soup and ties draw nothing."""
+    return 0.5 if method == "della" or (method == "dare_ties" and dare_norm == "mean") else 1.0
 
 
 METHODS = {"soup": soup, "ties": ties, "dare_ties": dare_ties, "della": della}
@@ -305,14 +371,18 @@ def load_factors(ad, stem, device):
 def merge_module(method, space, factors, weights, params, lam, rank, stem, want_delta=False, compare_delta=False):
     """Merge one module's factors [(A_i, B_i)] (scaling folded in) -> dict(A, B, svd_rel_error[, delta, ...]).
 
-    params: density, epsilon, seed. lam is applied once per product: on B in adapter space, on the delta in
-    delta space. `delta` (the merged task vector of this output before any --rank truncation) is returned
-    when want_delta; `rel_error_vs_delta` (adapter space) is ||B A - method(deltas)|| / ||method(deltas)||."""
+    params: density, epsilon, seed, dare_norm. lam is applied once per product: on B in adapter space, on
+    the delta in delta space. In adapter space the random methods rescale each factor's kept entries by
+    1/keep_prob**factor_rescale_power(...), so that the product carries their rescale once. `delta` (the
+    merged task vector of this output before any --rank truncation) is returned when want_delta;
+    `rel_error_vs_delta` (adapter space) is ||B A - method(deltas)|| / ||method(deltas)||, and
+    `norm_ratio_vs_delta` is ||B A|| / ||method(deltas)||."""
     fn = METHODS[method]
     out = {}
     if space == "adapter":
-        A = fn([a for a, _ in factors], weights, **params, lam=1.0, tag=stem + "/A")
-        B = fn([b for _, b in factors], weights, **params, lam=lam, tag=stem + "/B")
+        power = factor_rescale_power(method, params.get("dare_norm", DEFAULT_DARE_NORM))
+        A = fn([a for a, _ in factors], weights, **params, lam=1.0, tag=stem + "/A", rescale_power=power)
+        B = fn([b for _, b in factors], weights, **params, lam=lam, tag=stem + "/B", rescale_power=power)
         if rank is not None:
             B_out, A_out, err = svd_lowrank_product(B, A, rank)
         else:
@@ -322,6 +392,7 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
             ref = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
             norm = ref.norm()
             out["rel_error_vs_delta"] = ((delta - ref).norm() / norm).item() if norm > 0 else 0.0
+            out["norm_ratio_vs_delta"] = (delta.norm() / norm).item() if norm > 0 else 0.0
     elif method == "soup":
         # the exact soup as a LoRA: concatenate the sqrt(w_i)-scaled factors (rank sum r_i); lam on B;
         # with --rank, the truncated SVD of that product (computed from the factors, never dense)
@@ -348,12 +419,13 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
 
 def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None, density=DEFAULT_DENSITY,
                    epsilon=DEFAULT_EPSILON, lam=1.0, rank=None, full=False, base=None, seed=0, device="cpu",
-                   compare_delta=False):
+                   compare_delta=False, dare_norm=DEFAULT_DARE_NORM):
     """Merge the LoRA adapters in `adapter_dirs` (same base, same modules) into one peft adapter in `out_dir`.
 
     method: soup | ties | dare_ties | della; space: adapter | delta (see the module docstring).
     weights: relative per-adapter weights (default uniform). density: kept fraction (ties/dare_ties/della;
-    soup ignores it). epsilon: DELLA window. lam: final scale. rank: output rank by truncated SVD of the
+    soup ignores it). epsilon: DELLA window. dare_norm: "sum" | "mean", dare_ties' normalisation (module
+    docstring; the others ignore it). lam: final scale. rank: output rank by truncated SVD of the
     merged delta (default: r in adapter space, the exact concatenation for a delta soup, sum r_i otherwise).
     full: also write W0 + delta as an HF model folder out_dir/full (needs base, an HF model folder).
     seed: random draws of dare_ties/della. device: where the arithmetic runs. compare_delta: in adapter
@@ -380,6 +452,8 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
             raise MergeError(f"{len(weights)} weights for {len(adapter_dirs)} adapters")
         if not all(x > 0 and math.isfinite(x) for x in weights):
             raise MergeError(f"weights must be positive and finite, got {weights}")
+    if dare_norm not in DARE_NORMS:
+        raise MergeError(f"unknown dare_norm {dare_norm!r}; choose from {', '.join(DARE_NORMS)}")
     if not (0 < density <= 1):
         raise MergeError(f"density must be in (0, 1], got {density}")
     if method == "della" and not (0 <= epsilon and density - epsilon > 0 and density + epsilon <= 1):
@@ -398,7 +472,7 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
     except (RuntimeError, AssertionError) as e:
         raise MergeError(f"device {device!r} is not usable: {e}") from None
 
-    params = {"density": density, "epsilon": epsilon, "seed": seed}
+    params = {"density": density, "epsilon": epsilon, "seed": seed, "dare_norm": dare_norm}
     w = weights
     model = None
     t_load = 0.0
@@ -409,7 +483,8 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
         t_load = time.time() - t0
     print(f"merge: {method} in {space} space, {len(adapters)} adapters (r={[ad['r'] for ad in adapters]}, "
           f"scaling={[round(ad['scaling'], 4) for ad in adapters]}), weights={w or 'uniform'}, density={density}, "
-          f"epsilon={epsilon}, lam={lam}, rank={rank}, seed={seed}, device={device}")
+          f"epsilon={epsilon}, lam={lam}, rank={rank}, seed={seed}, device={device}"
+          + (f", dare_norm={dare_norm}" if method == "dare_ties" else ""))
 
     # ---- module by module
     tensors, modules = {}, {}
@@ -428,6 +503,7 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
                  "svd_rel_error": round(res["svd_rel_error"], 6)}
         if "rel_error_vs_delta" in res:
             entry["rel_error_vs_delta"] = round(res["rel_error_vs_delta"], 6)
+            entry["norm_ratio_vs_delta"] = round(res["norm_ratio_vs_delta"], 6)
         modules[name] = entry
         if model is not None:
             try:
@@ -465,6 +541,9 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
     vs = [m["rel_error_vs_delta"] for m in modules.values() if "rel_error_vs_delta" in m]
     if vs:
         summary.update(rel_error_vs_delta_mean=round(sum(vs) / len(vs), 6), rel_error_vs_delta_max=max(vs))
+        ratios = [m["norm_ratio_vs_delta"] for m in modules.values()]
+        summary.update(norm_ratio_vs_delta_mean=round(sum(ratios) / len(ratios), 6),
+                       norm_ratio_vs_delta_min=min(ratios), norm_ratio_vs_delta_max=max(ratios))
     import peft
     import transformers
     report = {
@@ -472,7 +551,11 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
         "adapters": [str(p) for p in adapter_dirs],
         "params": {"weights": _weights(w, len(adapters), "cpu").tolist(), "density": density,
                    "drop_rate": round(1 - density, 6) if method in ("dare_ties", "della") else None,
-                   "epsilon": epsilon if method == "della" else None, "lam": lam, "rank": rank, "seed": seed,
+                   "epsilon": epsilon if method == "della" else None,
+                   "dare_norm": dare_norm if method == "dare_ties" else ("mean" if method == "della" else None),
+                   "factor_rescale_power": (factor_rescale_power(method, dare_norm)
+                                            if space == "adapter" and method in ("dare_ties", "della") else None),
+                   "lam": lam, "rank": rank, "seed": seed,
                    "full": full, "base": str(base) if base is not None else None, "device": str(device)},
         "input": {"ranks": [ad["r"] for ad in adapters], "scalings": [ad["scaling"] for ad in adapters],
                   "base_model_name_or_path": adapters[0]["config"].get("base_model_name_or_path"),
@@ -504,9 +587,14 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=DEFAULT_DENSITY,
                     help="kept fraction for ties/dare_ties/della; DARE's drop rate is 1 - density")
     ap.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="DELLA keep-probability window +-epsilon")
-    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta. DARE-TIES/DELLA "
-                    "on experts that share a lineage come out ~1/density times the soup (rescale + disjoint mean): "
-                    "lam ~ density compensates (results/small_run.md)")
+    ap.add_argument("--dare-norm", default=DEFAULT_DARE_NORM, choices=DARE_NORMS,
+                    help="dare_ties only: 'sum' = weighted sum of the rescaled sign-agreeing kept entries (mergekit's "
+                         "dare_ties default, normalize: false; ~ the soup on experts of one lineage); 'mean' = their "
+                         "weighted mean (peft, the DARE reference code, mergekit normalize: true; ~1/density x the "
+                         f"soup on such experts). Default {DEFAULT_DARE_NORM}")
+    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta. DELLA and "
+                    "DARE-TIES --dare-norm mean on experts that share a lineage come out ~1/density times the soup "
+                    "(rescale + disjoint mean): lam ~ density compensates (results/small_run.md)")
     ap.add_argument("--rank", type=int, help="output rank by truncated SVD of the merged delta "
                                              "(default: r in adapter space; exact soup / sum r_i in delta space)")
     ap.add_argument("--full", action="store_true", help="also write W0 + delta as an HF model folder OUT/full")
@@ -519,7 +607,8 @@ def main(argv=None):
     try:
         merge_adapters(args.adapters, args.out, args.method, space=args.space, weights=args.weights,
                        density=args.density, epsilon=args.epsilon, lam=args.lam, rank=args.rank, full=args.full,
-                       base=args.base, seed=args.seed, device=args.device, compare_delta=args.compare_delta)
+                       base=args.base, seed=args.seed, device=args.device, compare_delta=args.compare_delta,
+                       dare_norm=args.dare_norm)
     except MergeError as e:
         sys.exit(f"merge.py: error: {e}")
 

@@ -82,8 +82,8 @@ def test_random_keep_mask_and_rescale_by_hand():
 def test_dare_ties_known_properties():
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(40, 50, generator=g) for _ in range(3)]
-    # density 1: nothing dropped -> ties at density 1
-    assert torch.allclose(merge.dare_ties(xs, density=1.0), merge.ties(xs, density=1.0))
+    # density 1: nothing dropped -> the mean form is ties at density 1
+    assert torch.allclose(merge.dare_ties(xs, density=1.0, dare_norm="mean"), merge.ties(xs, density=1.0))
     # single adapter: each entry is 0 or x / density, about density of them kept; same seed -> same result
     one = merge.dare_ties(xs[:1], density=0.25, seed=3, tag="t")
     kept = one != 0
@@ -91,6 +91,70 @@ def test_dare_ties_known_properties():
     assert abs(kept.float().mean().item() - 0.25) < 0.05
     assert torch.equal(one, merge.dare_ties(xs[:1], density=0.25, seed=3, tag="t"))
     assert not torch.equal(one, merge.dare_ties(xs[:1], density=0.25, seed=4, tag="t"))
+
+
+def test_dare_ties_density1_is_ties_sum_and_mean_forms_by_hand():
+    # density 1 keeps everything: the TIES election on D1..D3 untrimmed, weights [2, 1, 1] -> w = [.5, .25, .25]
+    # weighted mass: (0,0) 1.5-.5+.25 = 1.25 +; (0,1) -.5-1+.05 = -1.45 -; (1,0) .25+.25-.75 = -.25 -;
+    # (1,1) 1-.125+.025 = .9 +.  Agreeing: (0,0) D1 3, D3 1; (0,1) D1 -1, D2 -4; (1,0) D3 -3; (1,1) D1 2, D3 .1
+    w = [2, 1, 1]
+    want_sum = T([[0.5 * 3 + 0.25 * 1, 0.5 * -1 + 0.25 * -4], [0.25 * -3, 0.5 * 2 + 0.25 * 0.1]])
+    want_mean = T([[1.75 / 0.75, -1.5 / 0.75], [-3.0, 1.025 / 0.75]])
+    assert torch.allclose(merge.dare_ties([D1, D2, D3], w, density=1.0, dare_norm="sum"), want_sum)
+    assert torch.allclose(merge.dare_ties([D1, D2, D3], w, density=1.0, dare_norm="mean"), want_mean)
+    assert torch.allclose(merge.ties([D1, D2, D3], w, density=1.0), want_mean)        # ties is the mean form
+    assert torch.allclose(merge.dare_ties([D1, D2, D3], w, density=1.0), want_sum)    # the default is sum
+    assert merge.DEFAULT_DARE_NORM == "sum"
+    # lam scales both forms
+    assert torch.allclose(merge.dare_ties([D1, D2, D3], w, density=1.0, lam=2.0), 2 * want_sum)
+
+
+def test_dare_ties_two_experts_by_hand():
+    # 2 experts, density 0.5: reproduce both masks from the documented draw, then merge by hand
+    x1, x2 = T([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]]), T([[2.0, 1.0, 1.0], [-3.0, 2.0, -0.5]])
+    seed, tag = 11, "m/delta"
+    u1 = torch.rand(x1.shape, generator=torch.Generator().manual_seed(merge.draw_seed(seed, tag, 0)))
+    u2 = torch.rand(x2.shape, generator=torch.Generator().manual_seed(merge.draw_seed(seed, tag, 1)))
+    k1, k2 = (u1 < 0.5).float(), (u2 < 0.5).float()
+    assert 0 < k1.sum() < 6 and 0 < k2.sum() < 6                     # the draw drops some and keeps some
+    y1, y2 = 2 * x1 * k1, 2 * x2 * k2                                 # kept entries doubled
+    rows = []
+    for a, b in zip(y1.flatten().tolist(), y2.flatten().tolist()):    # weights 3:1 -> 0.75, 0.25
+        mass = 0.75 * a + 0.25 * b
+        sign = 1.0 if mass >= 0 else -1.0
+        agree = [(wi, v) for wi, v in ((0.75, a), (0.25, b)) if v != 0 and math.copysign(1.0, v) == sign]
+        s = sum(wi * v for wi, v in agree)
+        rows.append((s, s / sum(wi for wi, _ in agree) if agree else 0.0))
+    want_sum, want_mean = T([r[0] for r in rows]).view(2, 3), T([r[1] for r in rows]).view(2, 3)
+    got_sum = merge.dare_ties([x1, x2], [3, 1], density=0.5, seed=seed, tag=tag, dare_norm="sum")
+    got_mean = merge.dare_ties([x1, x2], [3, 1], density=0.5, seed=seed, tag=tag, dare_norm="mean")
+    assert torch.allclose(got_sum, want_sum) and torch.allclose(got_mean, want_mean)
+    assert not torch.allclose(got_sum, got_mean)
+
+
+def test_dare_ties_forms_on_one_lineage():
+    # three experts that agree (the same tensor + 1 % noise): the sum form stays at the soup's size, the mean
+    # form comes out ~1/density times it (entries where no expert kept anything are 0 in both)
+    g = torch.Generator().manual_seed(4)
+    x0 = torch.randn(200, 100, generator=g)
+    xs = [x0 + 0.01 * torch.randn(200, 100, generator=g) for _ in range(3)]
+    size = merge.soup(xs).norm()
+    for density in (0.25, 0.5):
+        s = merge.dare_ties(xs, density=density, seed=1, tag="t", dare_norm="sum").norm() / size
+        m = merge.dare_ties(xs, density=density, seed=1, tag="t", dare_norm="mean").norm() / size
+        # sum: E||.||^2 / ||soup||^2 = 1 + (1 - d) / (3 d); mean: (1 - (1 - d)^3) / d^2
+        assert s.item() == pytest.approx(math.sqrt(1 + (1 - density) / (3 * density)), rel=0.03)
+        assert m.item() == pytest.approx(math.sqrt(1 - (1 - density) ** 3) / density, rel=0.03)
+
+
+def test_random_keep_power():
+    x = torch.arange(1.0, 13.0).view(3, 4)
+    seed = merge.draw_seed(7, "m/A", 0)
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+    got = merge.random_keep(x, 0.25, seed, power=0.5)                # kept entries times 1/sqrt(0.25) = 2
+    assert torch.allclose(got, torch.where(u < 0.25, x * 2, torch.zeros_like(x)))
+    assert merge.factor_rescale_power("dare_ties", "sum") == 1.0
+    assert merge.factor_rescale_power("dare_ties", "mean") == merge.factor_rescale_power("della", "sum") == 0.5
 
 
 def test_della_keep_prob_known_answer():
@@ -119,7 +183,7 @@ def test_della_epsilon0_equals_dare_same_seed():
     xs = [torch.randn(16, 24, generator=g) for _ in range(3)]
     for density in (0.3, 0.7):
         assert torch.equal(merge.della(xs, [1, 2, 3], density=density, epsilon=0.0, seed=5, tag="q"),
-                           merge.dare_ties(xs, [1, 2, 3], density=density, seed=5, tag="q"))
+                           merge.dare_ties(xs, [1, 2, 3], density=density, seed=5, tag="q", dare_norm="mean"))
 
 
 def test_svd_helpers():
@@ -269,6 +333,77 @@ def test_adapter_space_compare_delta(zoo, tmp_path):
     assert rep["summary"]["rel_error_vs_delta_max"] < 1e-5
 
 
+def test_dare_norm_chooses_the_form(zoo, tmp_path):
+    # delta space at a rank that holds the whole delta (min dim 32): the adapter is base + dare_ties(deltas)
+    # in the chosen form, with the documented draws (tag = stem + "/delta", seed 0); the report names the form
+    ads = [zoo["a0"], zoo["a1"], zoo["a2"]]
+    ds = [deltas_of(a) for a in ads]
+    got = {}
+    for norm in ("sum", "mean"):
+        rep = merge.merge_adapters(ads, tmp_path / norm, "dare_ties", space="delta", rank=64, dare_norm=norm)
+        assert rep["params"]["dare_norm"] == norm
+        want = {k: merge.dare_ties([d[k] for d in ds], density=0.5, seed=0, tag=f"base_model.model.{k}/delta",
+                                   dare_norm=norm) for k in ds[0]}
+        got[norm] = deltas_of(tmp_path / norm)
+        assert max_rel(got[norm], want) < 1e-4, norm
+    assert max_rel(got["sum"], got["mean"]) > 0.1
+    # the default is the sum form; the other methods record none (della: always the mean form)
+    rep = merge.merge_adapters(ads, tmp_path / "default", "dare_ties", space="delta", rank=64)
+    assert rep["params"]["dare_norm"] == "sum" and max_rel(deltas_of(tmp_path / "default"), got["sum"]) < 1e-6
+    assert merge.merge_adapters(ads, tmp_path / "t", "ties")["params"]["dare_norm"] is None
+    assert merge.merge_adapters(ads, tmp_path / "d", "della")["params"]["dare_norm"] == "mean"
+    # the CLI flag
+    merge.main(["--method", "dare_ties", "--dare-norm", "mean", "--space", "delta", "--rank", "64",
+                "--adapters", *map(str, ads), "--out", str(tmp_path / "cli")])
+    assert json.loads((tmp_path / "cli" / merge.REPORT_FILE).read_text())["params"]["dare_norm"] == "mean"
+    assert max_rel(deltas_of(tmp_path / "cli"), got["mean"]) < 1e-6
+    with pytest.raises(SystemExit):
+        merge.main(["--method", "dare_ties", "--dare-norm", "max", "--adapters", str(zoo["a0"]), "--out",
+                    str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_adapter_space_rescales_the_product_once(zoo, tmp_path):
+    # related experts (one lineage): a shared start adapter + 5 % drift each. Per module, with p = 0.5 and 3
+    # experts, q = 1 - (1 - p)^3 the chance that some expert keeps an entry. Expected norm of the adapter-space
+    # product over the delta-space merge (random factors; the per-term second moments):
+    #   sum form, 1/p on each factor:   sqrt(1 + (1 - p) / (3 p)) = 1.155 (two factors' drop noise vs one)
+    #   mean forms, 1/sqrt(p) each:     sqrt(q) = 0.935
+    # and before (mean form, 1/p on each factor) sqrt(q) / p = 1.87, i.e. ~1/density times the delta merge.
+    start = make_adapter(zoo["base"], tmp_path / "start", seed=99)
+    ads = [make_adapter(zoo["base"], tmp_path / f"e{i}", seed=50 + i, start=start, drift=0.05) for i in range(3)]
+    q = 1 - 0.5 ** 3
+    expect = {("dare_ties", "sum"): math.sqrt(1 + 0.5 / 1.5), ("dare_ties", "mean"): math.sqrt(q),
+              ("della", "mean"): math.sqrt(q)}
+    for (method, norm), want in expect.items():
+        rep = merge.merge_adapters(ads, tmp_path / "o", method, density=0.5, epsilon=0.15, dare_norm=norm,
+                                   compare_delta=True)
+        s = rep["summary"]
+        assert s["norm_ratio_vs_delta_mean"] == pytest.approx(want, abs=0.08), (method, norm)
+        assert 0.75 < s["norm_ratio_vs_delta_min"] and s["norm_ratio_vs_delta_max"] < 1.35, (method, norm)
+        assert rep["params"]["factor_rescale_power"] == (1.0 if norm == "sum" and method == "dare_ties" else 0.5)
+    # the old adapter-space mean form (1/p on both factors), on the same experts' factors, for comparison
+    f = [merge.load_factors(merge.read_adapter(a), "base_model.model.model.layers.0.mlp.up_proj", "cpu") for a in ads]
+    old = [merge.dare_ties([x[j] for x in f], density=0.5, tag=str(j), dare_norm="mean") for j in (0, 1)]
+    new = [merge.dare_ties([x[j] for x in f], density=0.5, tag=str(j), dare_norm="mean", rescale_power=0.5)
+           for j in (0, 1)]
+    ref = merge.dare_ties([b @ a for a, b in f], density=0.5, tag="d", dare_norm="mean").norm()
+    assert (old[1] @ old[0]).norm() / ref > 1.6 and (old[1] @ old[0]).norm() / (new[1] @ new[0]).norm() == \
+        pytest.approx(2.0)                                            # exactly sqrt(1/p) on each factor
+
+
+def test_adapter_space_sum_form_is_unbiased():
+    # E[B' A'] over the random drops == (soup of the B's)(soup of the A's): each factor is unbiased and the
+    # A and B masks are independent (no sign conflicts here: all entries positive)
+    g = torch.Generator().manual_seed(5)
+    As = [torch.rand(3, 6, generator=g) + 0.1 for _ in range(3)]
+    Bs = [torch.rand(8, 3, generator=g) + 0.1 for _ in range(3)]
+    mean = sum(merge.dare_ties(Bs, density=0.5, seed=s, tag="B") @ merge.dare_ties(As, density=0.5, seed=s, tag="A")
+               for s in range(3000)) / 3000
+    want = merge.soup(Bs) @ merge.soup(As)
+    assert ((mean - want).norm() / want.norm()).item() < 0.02
+
+
 def test_cli(zoo, tmp_path, capsys):
     out = tmp_path / "cli"
     merge.main(["--method", "ties", "--adapters", str(zoo["a0"]), str(zoo["a1"]), str(zoo["a2"]),
@@ -285,6 +420,7 @@ def test_cli(zoo, tmp_path, capsys):
     (dict(density=0.0), "density must be in (0, 1]"),
     (dict(density=1.5), "density must be in (0, 1]"),
     (dict(method="della", density=0.1, epsilon=0.2), "della needs"),
+    (dict(method="dare_ties", dare_norm="max"), "unknown dare_norm"),
     (dict(weights=[1.0]), "1 weights for 2 adapters"),
     (dict(weights=[1.0, -1.0]), "weights must be positive"),
     (dict(rank=0), "rank must be a positive integer"),
@@ -374,6 +510,13 @@ def test_vs_peft_ties(zoo, tmp_path):
 # The adapter-vs-delta comparison printed into results/merge.md (not a test)
 
 REGIMES = {"independent": {}, "shared start, drift 0.3": dict(drift=0.3), "shared start, drift 0.05": dict(drift=0.05)}
+# (label, method, dare_norm): both DARE-TIES forms
+VARIANTS = [("soup", "soup", None), ("ties", "ties", None), ("dare_ties sum", "dare_ties", "sum"),
+            ("dare_ties mean", "dare_ties", "mean"), ("della", "della", None)]
+
+
+def _norm_kw(dare_norm):
+    return {"dare_norm": dare_norm} if dare_norm else {}
 
 
 def compare(workdir):
@@ -389,22 +532,23 @@ def compare(workdir):
     for j, (regime, kw) in enumerate(REGIMES.items()):
         ads = [make_adapter(workdir / "base", workdir / f"r{j}_{i}", seed=100 + i, start=start if kw else None, **kw)
                for i in range(3)]
-        for method in merge.METHODS:
+        for label, method, norm in VARIANTS:
             rep = merge.merge_adapters(ads, workdir / "out", method, space="adapter", density=0.5, epsilon=0.15,
-                                       compare_delta=True)
+                                       compare_delta=True, **_norm_kw(norm))
             s = rep["summary"]
-            rows.append(("adapter-vs-delta", regime, method, s["rel_error_vs_delta_mean"], s["rel_error_vs_delta_max"]))
-        for method in ("dare_ties", "della"):
-            merge.merge_adapters(ads, workdir / "s0", method, space="delta", rank=32, seed=0)
-            merge.merge_adapters(ads, workdir / "s1", method, space="delta", rank=32, seed=1)
+            rows.append(("adapter-vs-delta", regime, label, s["rel_error_vs_delta_mean"], s["rel_error_vs_delta_max"],
+                         s["norm_ratio_vs_delta_mean"]))
+        for label, method, norm in VARIANTS[2:]:
+            merge.merge_adapters(ads, workdir / "s0", method, space="delta", rank=32, seed=0, **_norm_kw(norm))
+            merge.merge_adapters(ads, workdir / "s1", method, space="delta", rank=32, seed=1, **_norm_kw(norm))
             d0, d1 = deltas_of(workdir / "s0"), deltas_of(workdir / "s1")
             rels = [((d0[k] - d1[k]).norm() / d1[k].norm()).item() for k in d0]
-            rows.append(("seed-to-seed", regime, method, sum(rels) / len(rels), max(rels)))
-        for method in merge.METHODS:
+            rows.append(("seed-to-seed", regime, label, sum(rels) / len(rels), max(rels)))
+        for label, method, norm in VARIANTS:
             for rank in (4, 8, 12, 16, 24, 32):
                 rep = merge.merge_adapters(ads, workdir / "out", method, space="delta", density=0.5, epsilon=0.15,
-                                           rank=rank)
-                rows.append(("delta-svd", regime, method, rank, rep["summary"]["svd_rel_error_mean"]))
+                                           rank=rank, **_norm_kw(norm))
+                rows.append(("delta-svd", regime, label, rank, rep["summary"]["svd_rel_error_mean"]))
     return rows
 
 
@@ -422,8 +566,9 @@ def compare_smollm_shapes():
                 if drift is not None:
                     B, A = B0 + drift * B, A0 + drift * A
                 deltas.append(B @ A)
-            S_by_method = {m: torch.linalg.svdvals(merge.METHODS[m](deltas, density=0.5, seed=0, tag="x"))
-                           for m in merge.METHODS}
+            S_by_method = {label: torch.linalg.svdvals(merge.METHODS[m](deltas, density=0.5, seed=0, tag="x",
+                                                                         **_norm_kw(norm)))
+                           for label, m, norm in VARIANTS}
             for m, S in S_by_method.items():
                 errs = [(S[k:].square().sum() / S.square().sum()).sqrt().item() for k in (16, 48, 64, 128, 256, 384)]
                 rows.append((f"{shape[0]}x{shape[1]}", regime, m, errs))
@@ -457,9 +602,10 @@ def time_smollm_shapes(workdir, n_layers=3):
     ads = [write_synthetic_adapter(Path(workdir) / f"s{i}", seed=i, n_layers=n_layers) for i in range(3)]
     rows = []
     for space, rank in (("adapter", None), ("delta", None), ("delta", 128)):
-        for method in merge.METHODS:
-            rep = merge.merge_adapters(ads, Path(workdir) / "o", method, space=space, rank=rank, density=0.5)
-            rows.append((space, rank, method, rep["output"]["r"], rep["timings_s"]["total"],
+        for label, method, norm in VARIANTS:
+            rep = merge.merge_adapters(ads, Path(workdir) / "o", method, space=space, rank=rank, density=0.5,
+                                       **_norm_kw(norm))
+            rows.append((space, rank, label, rep["output"]["r"], rep["timings_s"]["total"],
                          rep["summary"]["svd_rel_error_mean"]))
     return rows
 
@@ -475,20 +621,21 @@ if __name__ == "__main__" and "--compare" in sys.argv:
         big = compare_smollm_shapes()
         timing = time_smollm_shapes(d)
     print("Adapter space: relative Frobenius distance ||B A - method(deltas)|| / ||method(deltas)|| per module "
-          "(mean / max over 14 modules); seed-to-seed: the same distance between two delta-space draws (seeds 0, 1)\n")
-    print("| regime | method | adapter vs delta | delta seed-to-seed |")
-    print("| --- | --- | --- | --- |")
+          "(mean / max over 14 modules) and the norm ratio ||B A|| / ||method(deltas)|| (mean); seed-to-seed: the "
+          "distance between two delta-space draws (seeds 0, 1)\n")
+    print("| regime | method | adapter vs delta | norm ratio | delta seed-to-seed |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
         if r[0] == "adapter-vs-delta":
             seed = [x for x in rows if x[0] == "seed-to-seed" and x[1:3] == r[1:3]]
             floor = f"{seed[0][3]:.3f} / {seed[0][4]:.3f}" if seed else "0 (deterministic)"
-            print(f"| {r[1]} | {r[2]} | {r[3]:.3f} / {r[4]:.3f} | {floor} |")
+            print(f"| {r[1]} | {r[2]} | {r[3]:.3f} / {r[4]:.3f} | {r[5]:.3f} | {floor} |")
     ranks = sorted({r[3] for r in rows if r[0] == "delta-svd"})
     print("\nDelta space, tiny Llama: mean relative SVD error over 14 modules vs output rank (min dim 16 or 32)\n")
     print("| regime | method | " + " | ".join(f"rank {k}" for k in ranks) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in ranks) + " |")
     for regime in REGIMES:
-        for method in merge.METHODS:
+        for method, _, _ in VARIANTS:
             vals = [r for r in rows if r[0] == "delta-svd" and r[1] == regime and r[2] == method]
             print(f"| {regime} | {method} | " + " | ".join(f"{r[4]:.3f}" for r in vals) + " |")
     print("\nDelta space, SmolLM2-135M module shapes, 3 random r-16 experts: relative SVD error vs output rank\n")
