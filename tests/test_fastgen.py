@@ -140,7 +140,7 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
     outs = fastgen.generate(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                               batch_size=3, graphs=False, record=record, ignore_stop=True)
     slots = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
-    assert [(s["gqa"], s["gqa_prefill"]) for s in slots.values()] == [(fused, fused)]  # the path under test ran
+    assert [(v["gqa"], s["gqa_prefill"]) for s in slots.values() for v in s["views"].values()] == [(fused, fused)]
     steps = torch.stack(record, 1)  # [B, steps, V]
     for b, (p, c) in enumerate(zip(prompts, outs)):
         assert len(c.completion_ids) == 24 and c.truncated
@@ -168,7 +168,7 @@ def test_fast_prefill_falls_back_when_the_fused_call_fails(monkeypatch):
     kw = dict(max_new_tokens=10, temperature=0)
     fast = common.generate(model, tok, MSGS, fast=True, **kw)
     slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
-    assert slot["gqa"] and not slot["gqa_prefill"]
+    assert all(v["gqa"] for v in slot["views"].values()) and not slot["gqa_prefill"]
     assert _tokens(fast) == _tokens(common.generate(model, tok, MSGS, fast=False, **kw))
 
 
