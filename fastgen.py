@@ -464,11 +464,13 @@ def _gqa_works(slot, m, B):
 #
 # Compaction. At each stop check (every CHECK_EVERY tokens) the rows still running are counted; when they
 # fit a smaller row bucket, their K/V and state move to the first rows and decoding goes on with that
-# bucket's graphs, so finished rows stop costing compute. The noise of every step is drawn for all B rows
-# in their original order and each running row takes its own, so a row's tokens do not depend on when the
-# others stopped: the same seed gives the same tokens with compaction and shared prefill on or off
-# (tests, fp32). On a GPU in bf16 the kernels' rounding can depend on the batch size, so there a greedy
-# or sampled row may part from the uncompacted run at a near-tie, as the arithmetic note says.
+# bucket's graphs, so finished rows stop costing compute. The move also drops the left padding that all
+# remaining rows share (the longest prompts finished: the others stop reading their padding). The noise
+# of every step is drawn for all B rows in their original order and each running row takes its own, so a
+# row's tokens do not depend on when the others stopped: the same seed gives the same tokens with
+# compaction and shared prefill on or off (tests, fp32). On a GPU in bf16 the kernels' rounding can depend
+# on the batch size, so there a greedy or sampled row may part from the uncompacted run at a near-tie, as
+# the arithmetic note says.
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
@@ -642,16 +644,19 @@ def _prefill_shared(st, slot, batch, ids, pad, device):
     return logits
 
 
-def _compact(st, slot, keep, C):
-    """Move the slot's rows `keep` (ascending) to its first rows (K/V columns < C, and the row state);
-    returns the view of the bucket they fit in."""
-    keep_t = torch.tensor(keep, device=slot["k"].device)
-    n = len(keep)
-    for li in range(slot["k"].shape[0]):
-        slot["k"][li, :n, :, :C] = slot["k"][li, keep_t, :, :C]
-        slot["v"][li, :n, :, :C] = slot["v"][li, keep_t, :, :C]
-    for key in ("tok", "pos", "key_ok"):
+def _compact(st, slot, keep, C, m, pads):
+    """Move the slot's rows `keep` (ascending) to its first rows: their row state, and their K/V columns
+    m..C-1 to 0..C-m-1 (C: columns written; m: left padding all of them have, so attention stops reading
+    it); pads: their left pad counts after the move. Returns the view of the row bucket they fit in."""
+    dev = slot["k"].device
+    keep_t, n = torch.tensor(keep, device=dev), len(keep)
+    for li in range(slot["k"].shape[0]):   # one layer at a time: the temporary is one layer's rows
+        slot["k"][li, :n, :, :C - m] = slot["k"][li, keep_t, :, m:C]
+        slot["v"][li, :n, :, :C - m] = slot["v"][li, keep_t, :, m:C]
+    for key in ("tok", "pos"):
         slot[key][:n] = slot[key][keep_t]
+    slot["key_ok"][:n] = slot["ar"][None] >= torch.tensor(pads, device=dev)[:, None]
+    slot["col"].sub_(m)
     return _view(st, slot, _row_bucket(n))
 
 
@@ -660,6 +665,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
     B, R = len(batch), _row_bucket(len(batch))
     ids, mask = left_pad(batch, tok.pad_token_id, device)
     pad = (P - mask.sum(1))                                                     # [B] left pad counts
+    pads, shift = [P - len(p) for p in batch], 0       # shift: columns dropped on the left by compaction
     tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
     sampling = temperature > 0
     n_max = max_new_tokens if caps is None else max(caps)
@@ -683,7 +689,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
         host = [[] for _ in range(B)]
         n = 1
         while n < n_max:
-            c = P + n - 1                                                       # column written this step
+            c = P - shift + n - 1                                               # column written this step
             Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
             if sampling:
                 if not moved:
@@ -727,8 +733,10 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                 if not running:
                     break
                 if COMPACT and _row_bucket(len(running)) < rows:   # finished rows leave the batch
-                    view = _compact(st, slot, running, P + n - 1)
                     live = [live[j] for j in running]
+                    m = min(pads[b] for b in live) - shift
+                    view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])
+                    shift += m
                     live_t = torch.tensor(live, device=device)
                     if sampling and not moved:
                         draws = torch.empty(B, slot["noise"].shape[1], device=device)

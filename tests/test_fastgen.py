@@ -1,7 +1,8 @@
 """Tests of fastgen.py, the fast static-cache decoder: greedy tokens equal HF generate's (three
 architectures, LoRA adapters switched, a 4-bit base), sampled logits equal HF's forward, weights are
 repacked in place, the fused-attention fallbacks, the sampler's distribution, the stop rule, the memory
-estimate. On CPU the decoder runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
+estimate; shared prefill, compaction and the one reused slot keep every row's tokens. On CPU the decoder
+runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
 
 Run: python -m pytest -q tests/test_fastgen.py
 """
@@ -256,33 +257,38 @@ def _rl_like(tok):
 
 def _run(pm, tok, prompts, monkeypatch, fast_paths, **kw):
     """fastgen.generate with shared prefill and compaction on or off; -> (completions, record, prefill rows,
-    row counts of the views used)."""
+    row counts of the views used, left columns dropped at each compaction)."""
     monkeypatch.setattr(fastgen, "SHARE_PREFILL", fast_paths)
     monkeypatch.setattr(fastgen, "COMPACT", fast_paths)
     fastgen.free_fast_cache(pm)
     rows, prefill = [], fastgen._prefill
     monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
                         prefill(st, slot, ids, b0, b1))
+    drops, compact = [], fastgen._compact
+    monkeypatch.setattr(fastgen, "_compact", lambda st, slot, keep, C, m, pads: drops.append(m) or
+                        compact(st, slot, keep, C, m, pads))
     record = []
     out = fastgen.generate(pm, tok, prompts, seed=11, batch_size=8, graphs=False, record=record, **kw)
     slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
-    return out, record, sum(rows), sorted(slot["views"])
+    return out, record, sum(rows), sorted(slot["views"]), drops
 
 
 @pytest.mark.parametrize("temperature", [0, 0.9])
 def test_shared_prefill_and_compaction_keep_every_rows_tokens(temperature, monkeypatch):
     """Repeated prompts are prefilled once and rows that reach their end leave the batch (6 rows on 6,
-    then 4, then 2 slot rows): every row's tokens, and its logits while it runs, equal the plain path's
-    (each prompt prefilled, all rows to the end), greedy and sampled with the same seed."""
+    then 4, then 2 slot rows; the longest prompts end first, so the first move also drops 6 columns of
+    padding): every row's tokens, and its logits while it runs, equal the plain path's (each prompt
+    prefilled, all rows to the end), greedy and sampled with the same seed."""
     model, tok = common.tiny_model(0)
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
     _randomize_lora(pm, 8)
     prompts = _rl_like(tok)
     kw = dict(max_new_tokens=40, temperature=temperature, top_p=0.95, ignore_stop=True,
-              max_lens=[5, 40, 20, 3, 40, 17])
-    fast, rec, pre, views = _run(pm, tok, prompts, monkeypatch, True, **kw)
-    plain, rec0, pre0, views0 = _run(pm, tok, prompts, monkeypatch, False, **kw)
+              max_lens=[40, 5, 20, 3, 12, 40])                 # prompt lengths 32, 32, 32, 38, 38, 14
+    fast, rec, pre, views, drops = _run(pm, tok, prompts, monkeypatch, True, **kw)
+    plain, rec0, pre0, views0, drops0 = _run(pm, tok, prompts, monkeypatch, False, **kw)
     assert (pre, pre0) == (3, 6) and (views, views0) == ([2, 4, 6], [6])   # both mechanisms ran
+    assert [len(p) for p in prompts] == [32, 32, 32, 38, 38, 14] and (drops, drops0) == ([6, 0], [])
     assert [len(c.completion_ids) for c in fast] == kw["max_lens"] and all(c.truncated for c in fast)
     assert _tokens(fast) == _tokens(plain)
     assert [c.text for c in fast] == [c.text for c in plain]
@@ -301,15 +307,15 @@ def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
     model, tok = common.tiny_model(0)
     prompts = _rl_like(tok)
     kw = dict(max_new_tokens=48, temperature=1.0, top_p=1.0)
-    free, _, _, _ = _run(model, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)
+    free = _run(model, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
     counts = {}
     for c in free:
         for t in set(c.completion_ids[1:]):
             counts[t] = counts.get(t, 0) + 1
     stop_tok = max(counts, key=counts.get)             # ends most rows somewhere in the middle
     monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
-    fast, _, _, views = _run(model, tok, prompts, monkeypatch, True, **kw)
-    plain, _, _, _ = _run(model, tok, prompts, monkeypatch, False, **kw)
+    fast, _, _, views, _ = _run(model, tok, prompts, monkeypatch, True, **kw)
+    plain = _run(model, tok, prompts, monkeypatch, False, **kw)[0]
     assert _tokens(fast) == _tokens(plain) and len(views) > 1
     for c, f in zip(fast, free):
         i = f.completion_ids.index(stop_tok) if stop_tok in f.completion_ids else None
