@@ -12,7 +12,7 @@ Sections:
      fence), left padding
   2. weights: packing the current weights (LoRA adapters folded in) into the buffers the graphs read
   3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling
-  4. KV-cache slots, graph capture, and the generation loop; free_fast_cache
+  4. the KV-cache slot (row buckets, shared prefill, compaction), graph capture, the generation loop
 """
 import dataclasses
 import math
@@ -256,7 +256,8 @@ def _tree_copy(dst, src):
 
 def _fast_state(model):
     """Refresh (or build) the packed weights of model; returns the state dict kept on the HF model:
-    {W, meta, slots: {B: slot}}. Graphs live in slots and survive while the packed shapes stay the same."""
+    {W, meta, slots: {rows: slot}} (at most one slot, section 4). Graphs live in the slot and survive
+    while the packed shapes stay the same."""
     hf = _hf_causal_lm(model)
     st = hf.__dict__.get("_chorus_fast")
     if st is not None:
@@ -449,6 +450,38 @@ def _gqa_works(slot, m, B):
 
 # ----------------------------------------------------------------------------------------------
 # 4. KV-cache slots, CUDA graphs, the generation loop
+#
+# The slot. One set of static buffers per model (st["slots"] holds at most one): a KV cache of R rows x
+# L columns (L a multiple of BUCKET) and the per-row state. A batch of B prompts runs on the slot's first
+# _row_bucket(B) rows (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ...: rows past B decode filler that nothing
+# reads), and graphs are keyed by (rows, attention width, sampling args). So calls with other batch sizes
+# or longer prompts reuse the slot and its graphs while they fit in it. A call that does not fit grows the
+# slot to the larger of both shapes (one re-capture; then RL's rounds and refills fit), or, where that
+# would break the memory rule (the KV cache within half of the free memory), to what the call needs.
+#
+# Shared prefill. Identical prompts of one batch (a chat repeated G times) are prefilled once; their K/V
+# and logits are copied to the other rows. Each row still draws its own sampling noise.
+#
+# Compaction. At each stop check (every CHECK_EVERY tokens) the rows still running are counted; when they
+# fit a smaller row bucket, their K/V and state move to the first rows and decoding goes on with that
+# bucket's graphs, so finished rows stop costing compute. The move also drops the left padding that all
+# remaining rows share (the longest prompts finished: the others stop reading their padding). The noise
+# of every step is drawn for all B rows in their original order and each running row takes its own, so a
+# row's tokens do not depend on when the others stopped: the same seed gives the same tokens with
+# compaction and shared prefill on or off (tests, fp32). On a GPU in bf16 the kernels' rounding can depend
+# on the batch size, so there a greedy or sampled row may part from the uncompacted run at a near-tie, as
+# the arithmetic note says.
+
+SHARE_PREFILL = True   # tests switch these off to compare against the plain path
+COMPACT = True
+
+
+def _row_bucket(n):
+    """Rows a batch of n runs on: the smallest of 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... that is >= n
+    (powers of two and their 3/4 from 6 on: at most a third of the rows are filler)."""
+    p = 1 << (n - 1).bit_length()                        # the next power of two >= n
+    return 3 * p // 4 if p >= 8 and 4 * n <= 3 * p else p
+
 
 def _signed_sin(sin):
     """sin [.., D] with its first half negated (see _rope)."""
@@ -456,42 +489,75 @@ def _signed_sin(sin):
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _get_slot(st, B, L, device):
-    """Static buffers for batch size B and cache length >= L (rounded up to BUCKET). Reuses the slot
-    (and its captured graphs) when it is large enough; keeps at most two batch sizes."""
+def _cache_bytes(st, B, L):
+    m = st["meta"]
+    return 2 * len(st["W"]["layers"]) * B * m["hkv"] * L * m["d"] * torch.finfo(m["dtype"]).bits // 8
+
+
+def _slot_for(st, n, L, device):
+    """A slot with >= _row_bucket(n) rows and >= L columns -> (slot, n). n comes back smaller (halved)
+    where a cache for n rows would break the memory rule; the caller then splits its batch."""
+    old = next(iter(st["slots"].values()), None)
+
+    def fits(rows):
+        return old is not None and old["R"] >= _row_bucket(rows) and old["L"] >= L
+    if fits(n):
+        return old, n
+    free = math.inf
+    if device.type == "cuda":   # the old slot's memory counts as free: it is dropped first
+        free = _gpu_free_bytes(device) + (_cache_bytes(st, old["R"], old["L"]) if old else 0)
+    if old is not None:
+        grown = (max(_row_bucket(n), old["R"]), max(L, old["L"]))
+        if _cache_bytes(st, *grown) <= 0.5 * free:
+            return _new_slot(st, *grown, device), n
+    while n > 1 and _cache_bytes(st, _row_bucket(n), L) > 0.5 * free:
+        n = max(1, n // 2)
+        if fits(n):
+            return old, n
+    return _new_slot(st, _row_bucket(n), L, device), n
+
+
+def _new_slot(st, R, L, device):
+    """Static buffers for R rows and L columns (the old slot and its graphs are dropped first)."""
     m, slots = st["meta"], st["slots"]
-    slot = slots.get(B)
-    if slot is not None and slot["L"] >= L:
-        return slot
-    L = BUCKET * math.ceil(L / BUCKET)
     if device.type == "cuda":
         torch.cuda.synchronize()       # nothing may still run on a slot whose graphs are dropped
-    slots.pop(B, None)
-    while len(slots) >= 2:
-        slots.pop(next(iter(slots)))
+    slots.clear()
     nl, V = len(st["W"]["layers"]), st["W"]["embed"].shape[0]
     dt = m["dtype"]
-    hf_rot = st["rotary"]
     with torch.no_grad():
-        cos, sin = hf_rot(torch.zeros(1, dtype=dt, device=device), torch.arange(L, device=device)[None])
+        cos, sin = st["rotary"](torch.zeros(1, dtype=dt, device=device), torch.arange(L, device=device)[None])
     # Each slot has its own graph memory pool: its graphs are captured one after another and dropped
     # together. (One pool shared across slots broke a later capture once an evicted slot's graphs were
     # freed: CUDACachingAllocator "use_count > 0" assert, seen on an H200 with torch 2.11.)
-    slot = {"L": L, "graphs": {},
+    slot = {"R": R, "L": L, "graphs": {}, "views": {},
             "pool": torch.cuda.graph_pool_handle() if device.type == "cuda" else None,
-            "k": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
-            "v": torch.zeros(nl, B, m["hkv"], L, m["d"], dtype=dt, device=device),
+            "k": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
+            "v": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
             "cos": cos[0].to(dt), "sin": _signed_sin(sin[0]).to(dt),
-            "tok": torch.zeros(B, dtype=torch.long, device=device),
+            "tok": torch.zeros(R, dtype=torch.long, device=device),
             "col": torch.zeros(1, dtype=torch.long, device=device),
-            "pos": torch.zeros(B, dtype=torch.long, device=device),
-            "pos0": torch.zeros(B, dtype=torch.long, device=device),
-            "key_ok": torch.zeros(B, L, dtype=torch.bool, device=device),
+            "pos": torch.zeros(R, dtype=torch.long, device=device),
+            "pos0": torch.zeros(R, dtype=torch.long, device=device),
+            "key_ok": torch.ones(R, L, dtype=torch.bool, device=device),
             "ar": torch.arange(L, device=device),
-            "noise": torch.ones(B, V, dtype=torch.float32, device=device)}
-    slot["gqa"] = slot["gqa_prefill"] = _gqa_works(slot, m, B)
-    slots[B] = slot
+            "noise": torch.ones(R, V, dtype=torch.float32, device=device)}
+    slot["gqa_prefill"] = _view(st, slot, R)["gqa"]
+    slots[R] = slot
     return slot
+
+
+def _view(st, slot, b):
+    """The slot's first b rows as a slot of their own: views of the same memory (the K/V of one layer stay
+    contiguous), sharing col, the rotary tables and the graph pool. Cached; probes the fused attention."""
+    v = slot["views"].get(b)
+    if v is None:
+        v = {key: slot[key] for key in ("L", "pool", "cos", "sin", "col", "ar")}
+        v.update({key: slot[key][:b] for key in ("tok", "pos", "key_ok", "noise")})
+        v.update(k=slot["k"][:, :b], v=slot["v"][:, :b])
+        v["gqa"] = _gqa_works(v, st["meta"], b)
+        slot["views"][b] = v
+    return v
 
 
 def _capture(st, slot, Lb, temperature, top_p):
@@ -522,15 +588,15 @@ def _gpu_free_bytes(device):
     return max(0, min(free + reserved - allocated, int(frac * total) - allocated))
 
 
-def _cache_bytes(st, B, L):
-    m = st["meta"]
-    return 2 * len(st["W"]["layers"]) * B * m["hkv"] * L * m["d"] * torch.finfo(m["dtype"]).bits // 8
-
-
 def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, batch_size,
-                   ignore_stop=False, graphs=None, record=None):
+             ignore_stop=False, graphs=None, record=None, max_lens=None):
     """Fast path (see the weight rule above). prompts: list of id lists -> list[Completion].
-    graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] (tests)."""
+    graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] of each batch
+    (tests; rows that have left the batch are NaN); max_lens: optional per-prompt caps on new tokens
+    (<= max_new_tokens; a row that reaches its cap ends there, truncated)."""
+    if max_lens is not None and (len(max_lens) != len(prompts)
+                                 or not all(1 <= x <= max_new_tokens for x in max_lens)):
+        raise ValueError(f"max_lens: one cap in 1..{max_new_tokens} per prompt")
     device = next(model.parameters()).device
     st = _fast_state(model)
     use_graphs = device.type == "cuda" if graphs is None else graphs
@@ -541,69 +607,141 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     while i < len(prompts):
         batch = prompts[i:i + batch_size]
         P = max(len(p) for p in batch)
-        L = P + max_new_tokens
-        if device.type == "cuda":  # keep the KV cache within ~half of free memory: smaller batches if not
-            free = _gpu_free_bytes(device)
-            while len(batch) > 1 and _cache_bytes(st, len(batch), L) > 0.5 * free:
-                batch = batch[:max(1, len(batch) // 2)]
-        i += len(batch)
-        out += _fast_batch(st, tok, batch, P, L, device, gen, max_new_tokens, temperature, top_p,
-                           eos, ticks, ignore_stop, use_graphs, record)
+        L = BUCKET * math.ceil((P + max_new_tokens) / BUCKET)
+        slot, n = _slot_for(st, len(batch), L, device)   # n < len(batch): the cache would not fit; split
+        batch = batch[:n]
+        caps = None if max_lens is None else max_lens[i:i + n]
+        i += n
+        out += _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p,
+                           eos, ticks, ignore_stop, use_graphs, record, caps)
     return out
 
 
-def _fast_batch(st, tok, batch, P, L, device, gen, max_new_tokens, temperature, top_p, eos, ticks,
-                ignore_stop, use_graphs, record):
-    B = len(batch)
-    slot = _get_slot(st, B, L, device)
+def _prefill_shared(st, slot, batch, ids, pad, device):
+    """Prefill batch (its left-padded ids [B, P], pad: [B] left pad counts) into the slot's rows 0..B-1
+    and return the last-position logits [B, V]; each distinct prompt runs once and is copied to its twins."""
+    B, P = ids.shape
+    index, rep, uniq = {}, [], []      # distinct prompt -> its number; each row's number; first rows
+    for b, prompt in enumerate(batch):
+        key = tuple(prompt) if SHARE_PREFILL else b
+        if key not in index:
+            index[key] = len(uniq)
+            uniq.append(b)
+        rep.append(index[key])
+    U, uniq = len(uniq), torch.tensor(uniq, device=device)
+    slot["pos0"][:U].copy_(-pad[uniq])
+    slot["key_ok"][:U].copy_(slot["ar"][None] >= pad[uniq, None])
+    ids = ids[uniq]
+    rows = 32768 // P + 1                                                       # prefill rows per chunk
+    logits = torch.cat([_prefill(st, slot, ids[b0:b0 + rows], b0, min(U, b0 + rows)) for b0 in range(0, U, rows)])
+    if U < B:    # copy to the twins (one layer at a time: the temporary is one layer's rows)
+        rep = torch.tensor(rep, device=device)
+        for li in range(slot["k"].shape[0]):
+            slot["k"][li, :B, :, :P] = slot["k"][li, rep, :, :P]
+            slot["v"][li, :B, :, :P] = slot["v"][li, rep, :, :P]
+        logits = logits[rep]
+    slot["key_ok"][:B].copy_(slot["ar"][None] >= pad[:, None])
+    return logits
+
+
+def _compact(st, slot, keep, C, m, pads):
+    """Move the slot's rows `keep` (ascending) to its first rows: their row state, and their K/V columns
+    m..C-1 to 0..C-m-1 (C: columns written; m: left padding all of them have, so attention stops reading
+    it); pads: their left pad counts after the move. Returns the view of the row bucket they fit in."""
+    dev = slot["k"].device
+    keep_t, n = torch.tensor(keep, device=dev), len(keep)
+    for li in range(slot["k"].shape[0]):   # one layer at a time: the temporary is one layer's rows
+        slot["k"][li, :n, :, :C - m] = slot["k"][li, keep_t, :, m:C]
+        slot["v"][li, :n, :, :C - m] = slot["v"][li, keep_t, :, m:C]
+    for key in ("tok", "pos"):
+        slot[key][:n] = slot[key][keep_t]
+    slot["key_ok"][:n] = slot["ar"][None] >= torch.tensor(pads, device=dev)[:, None]
+    slot["col"].sub_(m)
+    return _view(st, slot, _row_bucket(n))
+
+
+def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p, eos, ticks,
+                ignore_stop, use_graphs, record, caps):
+    B, R = len(batch), _row_bucket(len(batch))
     ids, mask = left_pad(batch, tok.pad_token_id, device)
     pad = (P - mask.sum(1))                                                     # [B] left pad counts
-    slot["pos0"].copy_(-pad)
-    slot["key_ok"].copy_(slot["ar"][None] >= pad[:, None])
-    tokens = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
+    pads, shift = [P - len(p) for p in batch], 0       # shift: columns dropped on the left by compaction
+    tokens = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
     sampling = temperature > 0
-    rows = 32768 // P + 1                                                       # prefill rows per chunk
+    n_max = max_new_tokens if caps is None else max(caps)
+    check = not ignore_stop or caps is not None
     with torch.no_grad():
-        logits = torch.cat([_prefill(st, slot, ids[b0:b0 + rows], b0, min(B, b0 + rows))
-                            for b0 in range(0, B, rows)])
+        logits = _prefill_shared(st, slot, batch, ids, pad, device)
         if record is not None:
             record.append(logits.clone())
         if sampling:
-            slot["noise"].exponential_(generator=gen)
-        tokens[:, 0] = _sample(logits, temperature, top_p, slot["noise"])
-        slot["tok"].copy_(tokens[:, 0])
+            slot["noise"][:B].exponential_(generator=gen)
+        tokens[:, 0] = _sample(logits, temperature, top_p, slot["noise"][:B])
+        slot["key_ok"][B:R] = True                              # filler rows: finite, positions in range
+        slot["pos"][B:R] = 0
+        slot["tok"][:B].copy_(tokens[:, 0])
         slot["col"].fill_(P)
-        slot["pos"].copy_(P - pad)
+        slot["pos"][:B].copy_(P - pad)
+        view = _view(st, slot, R)
+        live, live_t = list(range(B)), torch.arange(B, device=device)   # original row of each slot row
+        moved, draws = False, None            # rows have moved; then the noise [B, V] in original order
         stops, checked = [None] * B, 0
         host = [[] for _ in range(B)]
         n = 1
-        while n < max_new_tokens:
-            c = P + n - 1                                                       # column written this step
+        while n < n_max:
+            c = P - shift + n - 1                                               # column written this step
             Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
             if sampling:
-                slot["noise"].exponential_(generator=gen)
-            gkey = (Lb, temperature, top_p)
+                if not moved:
+                    slot["noise"][:B].exponential_(generator=gen)
+                else:
+                    draws.exponential_(generator=gen)
+                    slot["noise"][:len(live)] = draws[live_t]
+            rows = view["tok"].shape[0]
+            gkey = (rows, Lb, temperature, top_p)
             if use_graphs and gkey not in slot["graphs"]:
                 try:
-                    slot["graphs"][gkey] = _capture(st, slot, Lb, temperature, top_p)
+                    slot["graphs"][gkey] = _capture(st, view, Lb, temperature, top_p)
                 except RuntimeError as e:   # never lose a generation to a capture failure: run eagerly
                     print(f"[fastgen] CUDA graph capture failed ({str(e)[:120]}); fast path continues "
-                          "without graphs for this batch size", file=sys.stderr)
+                          "without graphs for this batch", file=sys.stderr)
                     use_graphs = False
             if use_graphs:
                 slot["graphs"][gkey].replay()
             else:
-                _decode_step(st, slot, Lb, temperature, top_p, record)
-            tokens[:, n] = slot["tok"]
+                step = None if record is None else []
+                _decode_step(st, view, Lb, temperature, top_p, step)
+                if record is not None:
+                    full = torch.full((B, step[0].shape[1]), float("nan"), device=device)
+                    full[live_t] = step[0][:len(live)]
+                    record.append(full)
+            if not moved:
+                tokens[:, n] = slot["tok"][:B]
+            else:
+                tokens[live_t, n] = slot["tok"][:len(live)]
             n += 1
-            if not ignore_stop and (n % CHECK_EVERY == 0 or n == max_new_tokens):
-                new = tokens[:, checked:n].tolist()                             # the one sync per window
-                for b in range(B):
-                    host[b] += new[b]
-                    if stops[b] is None:
+            if check and (n % CHECK_EVERY == 0 or n == n_max):
+                new = tokens[live_t, checked:n].tolist()                        # the one sync per window
+                for j, b in enumerate(live):
+                    host[b] += new[j]
+                    if stops[b] is None and not ignore_stop:
                         stops[b] = find_stop(tok, host[b], eos, ticks, start=checked)
+                    if stops[b] is None and caps is not None and n >= caps[b]:
+                        stops[b] = caps[b] - 1
                 checked = n
-                if all(s is not None for s in stops):
+                running = [j for j, b in enumerate(live) if stops[b] is None]
+                if not running:
                     break
+                if COMPACT and _row_bucket(len(running)) < rows:   # finished rows leave the batch
+                    live = [live[j] for j in running]
+                    m = min(pads[b] for b in live) - shift
+                    view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])
+                    shift += m
+                    live_t = torch.tensor(live, device=device)
+                    if sampling and not moved:
+                        draws = torch.empty(B, slot["noise"].shape[1], device=device)
+                    moved = True
         rows_ids = tokens[:, :n].tolist()
-    return [cut_completion(tok, p, rows_ids[b], eos, ticks, max_new_tokens, ignore_stop) for b, p in enumerate(batch)]
+    caps = caps or [max_new_tokens] * B
+    return [cut_completion(tok, p, rows_ids[b][:caps[b]], eos, ticks, caps[b], ignore_stop)
+            for b, p in enumerate(batch)]

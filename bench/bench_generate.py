@@ -4,6 +4,9 @@ common._generate_hf and fastgen.generate).
 Run (GPU):  python bench/bench_generate.py                      # SmolLM2-135M, batches 1/16/64/256
             python bench/bench_generate.py --model Qwen/Qwen3-4B-Instruct-2507 --batches 1,16,64
      (CPU): python bench/bench_generate.py --tiny --batches 1,16 --new-tokens 64
+   RL round (GPU): python bench/bench_generate.py --rl-round    # --plain: shared prefill, compaction off
+            (CPU): python bench/bench_generate.py --tiny --rl-round --rl-prompts 4 --rl-cap 48 --rl-min 1400 \
+                  --rl-max 1800 --rl-extra 128 --rl-calls 2
 
 Every row generates exactly --new-tokens per sequence (stop rules off, so both paths do the same work)
 from the kit's real prompt shape (system prompt + a small RTL task), with a LoRA adapter (nonzero B)
@@ -11,6 +14,16 @@ active, as in RL rollouts. The fast path is timed twice: the first call includes
 capture, the second is steady state. A greedy check reports how many leading tokens the two paths
 agree on (bf16 on GPU may diverge after a while on near-ties; fp32 on CPU should agree fully).
 Prints a table and writes JSON (--out).
+
+--rl-round mimics the rollouts of one RL step instead: --rl-prompts distinct prompts of mixed lengths
+(--rl-min..--rl-max tokens, the kit's prompt with its RTL repeated) x --rl-group repeats each, in one
+call with stop lengths drawn per row (most answers end early, a few run to the --rl-cap; see
+rl_lengths), then a "round 2" call whose prompts are --rl-extra tokens longer (refinement prompts; the defaults keep
+prompt + answer within SmolLM2's 8192 positions). Both calls
+are timed --rl-calls times (the first includes packing and graph capture); tokens/s counts the tokens
+each row keeps. --plain turns off shared prefill and compaction (the decoder as it was, but with its
+slot reuse); --fresh-slot drops the decoder's state before every call (re-pack, re-capture: what a new
+batch size or a longer prompt cost before the slot reuse). pack_s is one weight re-pack (done per call).
 """
 import argparse
 import json
@@ -73,9 +86,85 @@ def bench_model(args):
     return model, tok, next(model.parameters()).device, common.chat_ids(tok, common.build_messages(TASK))
 
 
+def rl_lengths(n, cap, seed=0):
+    """n stop lengths like an RL round's: ~10 % degenerate answers that run to the cap, the rest ending
+    between 1/8 and 3/4 of it (uniform). Deterministic given seed."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g).tolist()
+    return [cap if x < 0.1 else max(1, int(cap * (0.125 + 0.625 * (x - 0.1) / 0.9))) for x in u]
+
+
+def rl_prompts(tok, n, lo, hi, extra=0, seed=0):
+    """n distinct chat prompts (ids) of lengths spread over lo..hi tokens (+ extra): the kit's prompt
+    with its RTL module repeated under new names until long enough."""
+    base = common.chat_ids(tok, common.build_messages(TASK))
+    rtl = TASK["rtl_files"][0]["content"]
+    per = max(1, len(tok(rtl, add_special_tokens=False)["input_ids"]))
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for j in range(n):
+        target = lo + (hi - lo) * j // max(1, n - 1) + extra
+        copies = max(0, (target - len(base)) // per)
+        body = "".join(rtl.replace("module counter", f"module counter_{j}_{c}") for c in range(copies + 1))
+        task = {**TASK, "rtl_files": [{"name": "counter.v", "content": body}]}
+        out.append(common.chat_ids(tok, common.build_messages(task)))
+    perm = torch.randperm(n, generator=g).tolist()          # lengths mixed, not sorted
+    return [out[i] for i in perm]
+
+
+def rl_round(args, model, tok, device):
+    if args.plain:
+        fastgen.SHARE_PREFILL = fastgen.COMPACT = False
+    G, cap = args.rl_group, args.rl_cap
+    kw = dict(max_new_tokens=cap, temperature=args.temperature, top_p=args.top_p, ignore_stop=True,
+              batch_size=args.rl_batch)
+    calls = []
+    for rnd, extra in ((1, 0), (2, args.rl_extra)):
+        distinct = rl_prompts(tok, args.rl_prompts, args.rl_min, args.rl_max, extra=extra, seed=rnd)
+        prompts = [p for p in distinct for _ in range(G)]
+        lens = rl_lengths(len(prompts), cap, seed=rnd)
+        for k in range(args.rl_calls):
+            if args.fresh_slot:
+                fastgen.free_fast_cache(model)
+            out, t = timed(lambda: fastgen.generate(model, tok, prompts, seed=k, max_lens=lens, **kw), device)
+            kept = sum(len(c.completion_ids) for c in out)
+            calls.append({"round": rnd, "call": k, "rows": len(prompts), "prompt_tokens": [len(p) for p in distinct],
+                          "new_tokens": kept, "longest": max(lens), "s": round(t, 3), "tok_s": round(kept / t, 1)})
+            print({**{k_: v for k_, v in calls[-1].items() if k_ != "prompt_tokens"},
+                   "prompt_tokens": f"{min(map(len, distinct))}..{max(map(len, distinct))}"}, flush=True)
+    _, pack_s = timed(lambda: fastgen._fast_state(model), device)
+    st = fastgen._hf_causal_lm(model).__dict__.get("_chorus_fast") or {}
+    slots = {str(R): {"L": s["L"], "graphs": len(s["graphs"])} for R, s in st.get("slots", {}).items()}
+    steady = [c for c in calls if c["call"] > 0] or calls
+    print(f"\nRL round: {args.rl_prompts} prompts x G {G}, cap {cap}, plain={args.plain}, "
+          f"fresh_slot={args.fresh_slot}")
+    print(f"{'round':>5} {'call':>4} {'s':>8} {'tok/s':>9} {'tokens':>8}")
+    for c in calls:
+        print(f"{c['round']:>5} {c['call']:>4} {c['s']:>8.2f} {c['tok_s']:>9.1f} {c['new_tokens']:>8}")
+    print(f"steady (calls > 0): {sum(c['new_tokens'] for c in steady) / sum(c['s'] for c in steady):.1f} tok/s, "
+          f"{sum(c['s'] for c in steady) / len(steady):.2f} s per call; one weight re-pack {pack_s:.3f} s; "
+          f"slot {slots}")
+    return {"mode": "rl_round", "rl_prompts": args.rl_prompts, "rl_group": G, "rl_cap": cap,
+            "plain": args.plain, "fresh_slot": args.fresh_slot, "rl_batch": args.rl_batch,
+            "calls": calls, "pack_s": round(pack_s, 4), "slots": slots,
+            "steady_tok_s": round(sum(c["new_tokens"] for c in steady) / sum(c["s"] for c in steady), 1),
+            "steady_s_per_call": round(sum(c["s"] for c in steady) / len(steady), 3)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
+    ap.add_argument("--rl-round", action="store_true", help="the RL-round case (see the docstring)")
+    ap.add_argument("--rl-prompts", type=int, default=16, help="distinct prompts per call")
+    ap.add_argument("--rl-group", type=int, default=4, help="repeats of each prompt (G)")
+    ap.add_argument("--rl-cap", type=int, default=1280, help="max new tokens")
+    ap.add_argument("--rl-min", type=int, default=1000, help="shortest prompt, tokens")
+    ap.add_argument("--rl-max", type=int, default=6000, help="longest prompt, tokens")
+    ap.add_argument("--rl-extra", type=int, default=800, help="round 2: tokens added to every prompt")
+    ap.add_argument("--rl-calls", type=int, default=3, help="timed calls per round")
+    ap.add_argument("--rl-batch", type=int, default=64, help="decoder batch_size (rl.py's gen_batch_size)")
+    ap.add_argument("--plain", action="store_true", help="--rl-round without shared prefill and compaction")
+    ap.add_argument("--fresh-slot", action="store_true", help="--rl-round: drop the decoder state per call")
     ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
@@ -84,6 +173,12 @@ def main():
     ap.add_argument("--out", default="results/bench_generate.json", help="JSON output path")
     args = ap.parse_args()
     model, tok, device, prompt = bench_model(args)
+    if args.rl_round:
+        out = args.out if args.out != ap.get_default("out") else "results/bench_generate_rl.json"
+        write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
+                         "top_p": args.top_p, **rl_round(args, model, tok, device),
+                         "command": "python " + " ".join(sys.argv)})
+        return
     N = args.new_tokens
     print(f"device={device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
           f"prompt {len(prompt)} tokens, {N} new tokens per sequence, T={args.temperature}, top_p={args.top_p}")

@@ -1,7 +1,8 @@
 """Tests of fastgen.py, the fast static-cache decoder: greedy tokens equal HF generate's (three
 architectures, LoRA adapters switched, a 4-bit base), sampled logits equal HF's forward, weights are
 repacked in place, the fused-attention fallbacks, the sampler's distribution, the stop rule, the memory
-estimate. On CPU the decoder runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
+estimate; shared prefill, compaction and the one reused slot keep every row's tokens. On CPU the decoder
+runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
 
 Run: python -m pytest -q tests/test_fastgen.py
 """
@@ -140,7 +141,7 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
     outs = fastgen.generate(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                               batch_size=3, graphs=False, record=record, ignore_stop=True)
     slots = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
-    assert [(s["gqa"], s["gqa_prefill"]) for s in slots.values()] == [(fused, fused)]  # the path under test ran
+    assert [(v["gqa"], s["gqa_prefill"]) for s in slots.values() for v in s["views"].values()] == [(fused, fused)]
     steps = torch.stack(record, 1)  # [B, steps, V]
     for b, (p, c) in enumerate(zip(prompts, outs)):
         assert len(c.completion_ids) == 24 and c.truncated
@@ -168,7 +169,7 @@ def test_fast_prefill_falls_back_when_the_fused_call_fails(monkeypatch):
     kw = dict(max_new_tokens=10, temperature=0)
     fast = common.generate(model, tok, MSGS, fast=True, **kw)
     slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
-    assert slot["gqa"] and not slot["gqa_prefill"]
+    assert all(v["gqa"] for v in slot["views"].values()) and not slot["gqa_prefill"]
     assert _tokens(fast) == _tokens(common.generate(model, tok, MSGS, fast=False, **kw))
 
 
@@ -246,3 +247,127 @@ def test_layering_and_common_reexports():
     assert "torch" in imported and not imported & project, imported & project
     for name in ("Completion", "FastUnsupported", "fence_closed", "find_stop", "free_fast_cache"):
         assert getattr(common, name) is getattr(fastgen, name), name
+
+
+def _rl_like(tok):
+    """Six rows: one chat x 3, another x 2, a third once (as RL repeats each prompt G times)."""
+    msgs = [MSGS[0]] * 3 + [MSGS[2]] * 2 + [MSGS[1]]
+    return [common.chat_ids(tok, m) for m in msgs]
+
+
+def _run(pm, tok, prompts, monkeypatch, fast_paths, **kw):
+    """fastgen.generate with shared prefill and compaction on or off; -> (completions, record, prefill rows,
+    row counts of the views used, left columns dropped at each compaction)."""
+    monkeypatch.setattr(fastgen, "SHARE_PREFILL", fast_paths)
+    monkeypatch.setattr(fastgen, "COMPACT", fast_paths)
+    fastgen.free_fast_cache(pm)
+    rows, prefill = [], fastgen._prefill
+    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
+                        prefill(st, slot, ids, b0, b1))
+    drops, compact = [], fastgen._compact
+    monkeypatch.setattr(fastgen, "_compact", lambda st, slot, keep, C, m, pads: drops.append(m) or
+                        compact(st, slot, keep, C, m, pads))
+    record = []
+    out = fastgen.generate(pm, tok, prompts, seed=11, batch_size=8, graphs=False, record=record, **kw)
+    slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
+    return out, record, sum(rows), sorted(slot["views"]), drops
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_shared_prefill_and_compaction_keep_every_rows_tokens(temperature, monkeypatch):
+    """Repeated prompts are prefilled once and rows that reach their end leave the batch (6 rows on 6,
+    then 4, then 2 slot rows; the longest prompts end first, so the first move also drops 6 columns of
+    padding): every row's tokens, and its logits while it runs, equal the plain path's (each prompt
+    prefilled, all rows to the end), greedy and sampled with the same seed."""
+    model, tok = common.tiny_model(0)
+    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
+    _randomize_lora(pm, 8)
+    prompts = _rl_like(tok)
+    kw = dict(max_new_tokens=40, temperature=temperature, top_p=0.95, ignore_stop=True,
+              max_lens=[40, 5, 20, 3, 12, 40])                 # prompt lengths 32, 32, 32, 38, 38, 14
+    fast, rec, pre, views, drops = _run(pm, tok, prompts, monkeypatch, True, **kw)
+    plain, rec0, pre0, views0, drops0 = _run(pm, tok, prompts, monkeypatch, False, **kw)
+    assert (pre, pre0) == (3, 6) and (views, views0) == ([2, 4, 6], [6])   # both mechanisms ran
+    assert [len(p) for p in prompts] == [32, 32, 32, 38, 38, 14] and (drops, drops0) == ([6, 0], [])
+    assert [len(c.completion_ids) for c in fast] == kw["max_lens"] and all(c.truncated for c in fast)
+    assert _tokens(fast) == _tokens(plain)
+    assert [c.text for c in fast] == [c.text for c in plain]
+    torch.testing.assert_close(rec[0], rec0[0], atol=1e-4, rtol=1e-4)    # shared prefill: same logits
+    for step, (a, b) in enumerate(zip(rec[1:], rec0[1:]), start=1):      # decode: same while a row runs
+        running = ~a.isnan().any(1)
+        assert running.tolist() == [step < 16 or cap > 16 * (step // 16) for cap in kw["max_lens"]]
+        torch.testing.assert_close(a[running], b[running], atol=1e-4, rtol=1e-4)  # fp32 rounding of other batch shapes
+    if temperature:
+        assert len({tuple(c.completion_ids[:3]) for c in fast[:3]}) > 1   # twins still sample apart
+
+
+def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
+    """Rows ending at a stop token (here: one frequent token made the EOS) leave the batch too, and each
+    completion equals the plain path's, cut after its stop."""
+    model, tok = common.tiny_model(0)
+    prompts = _rl_like(tok)
+    kw = dict(max_new_tokens=48, temperature=1.0, top_p=1.0)
+    free = _run(model, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
+    counts = {}
+    for c in free:
+        for t in set(c.completion_ids[1:]):
+            counts[t] = counts.get(t, 0) + 1
+    stop_tok = max(counts, key=counts.get)             # ends most rows somewhere in the middle
+    monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
+    fast, _, _, views, _ = _run(model, tok, prompts, monkeypatch, True, **kw)
+    plain = _run(model, tok, prompts, monkeypatch, False, **kw)[0]
+    assert _tokens(fast) == _tokens(plain) and len(views) > 1
+    for c, f in zip(fast, free):
+        i = f.completion_ids.index(stop_tok) if stop_tok in f.completion_ids else None
+        assert c.completion_ids == (f.completion_ids if i is None else f.completion_ids[:i + 1])
+
+
+def test_row_buckets_and_one_slot_reused_across_calls():
+    """Calls with other batch sizes and longer prompts reuse the one slot while they fit; a call that
+    does not fit grows it to the larger of both shapes, so the next smaller call reuses it again."""
+    assert [fastgen._row_bucket(n) for n in (1, 2, 3, 5, 7, 9, 13, 17, 25, 33, 64, 65)] == \
+        [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
+    model, tok = common.tiny_model(0)
+    kw = dict(temperature=0, top_p=1.0, seed=0, batch_size=64, ignore_stop=True)
+    prompts = _rl_like(tok)
+    st = lambda: fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]       # noqa: E731
+    fastgen.generate(model, tok, prompts[:5], max_new_tokens=8, **kw)
+    slot = st()["slots"][6]
+    fastgen.generate(model, tok, prompts[:3], max_new_tokens=8, **kw)         # fewer rows: same slot
+    assert list(st()["slots"].values()) == [slot]
+    long = [p * 12 for p in prompts[:2]]                                       # prompts over one BUCKET
+    fastgen.generate(model, tok, long, max_new_tokens=8, **kw)
+    (R, grown), = st()["slots"].items()
+    assert grown is not slot and (R, grown["L"]) == (6, 2 * fastgen.BUCKET)   # rows kept, columns grown
+    out = fastgen.generate(model, tok, prompts, max_new_tokens=8, **kw)
+    assert st()["slots"][6] is grown
+    assert _tokens(out) == _tokens(common._generate_hf(model, tok, prompts, max_new_tokens=8, temperature=0,
+                                                       top_p=1.0, seed=0, batch_size=64, ignore_stop=True))
+
+
+def test_slot_growth_keeps_the_memory_rule(monkeypatch):
+    """On a GPU the KV cache stays within half of the free memory (the old slot's counted as free): the
+    slot grows to the larger of both shapes where that fits, else to what the call needs, else the batch
+    is halved (the 24 GB card rule)."""
+    model, _ = common.tiny_model(0)
+    st = fastgen._fast_state(model)
+    made = []
+
+    def new_slot(st_, R, L, device):
+        st_["slots"].clear()
+        st_["slots"][R] = {"R": R, "L": L}
+        made.append((R, L))
+        return st_["slots"][R]
+    monkeypatch.setattr(fastgen, "_new_slot", new_slot)
+    cuda = type("D", (), {"type": "cuda"})()
+    per = fastgen._cache_bytes(st, 1, 1)                       # bytes per row and column
+    monkeypatch.setattr(fastgen, "_gpu_free_bytes", lambda d: 2 * per * 64 * 1024)
+    assert fastgen._slot_for(st, 64, 1024, cuda)[1] == 64      # 64 x 1024 = half of free: fits
+    assert fastgen._slot_for(st, 16, 512, cuda)[1] == 16 and made == [(64, 1024)]   # fits the slot
+    assert fastgen._slot_for(st, 16, 2048, cuda)[1] == 16      # 64 x 2048 too big: just what it needs
+    assert made[-1] == (16, 2048)
+    assert fastgen._slot_for(st, 32, 2304, cuda)[1] == 32      # fits only with the old slot's bytes freed
+    assert made[-1] == (32, 2304)
+    monkeypatch.setattr(fastgen, "_gpu_free_bytes", lambda d: 0)
+    slot, n = fastgen._slot_for(st, 64, 4096, cuda)            # half of 32 x 2304: 64 rows halved to 8
+    assert (n, made[-1]) == (8, (8, 4096))
