@@ -153,6 +153,7 @@ class _Ctx:
     names: list              # file names
     edits: list              # per file: [(offset, order, seq, text, delete_end)]
     nonce: str
+    top: str                 # the DUT top module (its ports feed the sim-time watchdog)
     cfg: object              # sim.ScoreConfig
     constants: set           # parameter / localparam / enum member names (FSM labels)
     typedefs: dict           # typedef name -> ("vector", dims) | ("enum", dims) | ("other", None)
@@ -253,7 +254,7 @@ def _instrument(rtl_files, top, cfg, key):
         e = errors[0]
         raise PrepareError(f"DUT does not parse: {e['file']}:{e['line']}: {e['msg']}", errors)
     ctx = _Ctx(sm=sm, buf_file={b.id: i for i, b in enumerate(bufs)}, names=names,
-               edits=[[] for _ in names], nonce=key[:6], cfg=cfg, constants=set(), typedefs={})
+               edits=[[] for _ in names], nonce=key[:6], top=top, cfg=cfg, constants=set(), typedefs={})
     for i, data in enumerate(datas):
         if _INCLUDE_RE.search(data):
             _note(ctx, f"{names[i]}: `include'd code is not instrumented")
@@ -855,15 +856,43 @@ def _finish_scope(ctx, sc, start, end, closing_text=""):
     tail.append(f"integer {fd}; final begin {''.join(commits)}{fd} = $fopen({out_file}, \"a\"); "
                 f"$fdisplay({fd}, \"%s I {sc.sid} {probe_fmt} %m\", {tag}{probe_args}); "
                 f"$fdisplay({fd}, \"%s T {sc.sid} {tog_fmt} %m\", {tag}{tog_args}); $fclose({fd}); end ")
+    if sc.kind == "module" and sc.module == ctx.top:
+        tail.append(_watchdog_trigger(ctx, sc))
     if sc.probes:
         _edit(ctx, start, " reg " + ", ".join(sc.probes) + "; ")
     _edit(ctx, end, " " + "".join(tail) + closing_text, close_depth=-1)
 
 
-def run_defines(nonce, out_file, tag):
+def _watchdog_trigger(ctx, sc):
+    """In the DUT top: once the watchdog module (watchdog_source) has reached the simulated-time limit, the
+    next change on any DUT port ends the run with $finish. Compiled only when the limit macro is defined.
+    A run whose events have all run out before the limit therefore still ends by itself (the watchdog's
+    own delay is its last event), while one that keeps driving the DUT stops right after the limit."""
+    ports = [n for n in sc.port_dirs if sc.signals.get(n, {}).get("why") != "unpacked array"]
+    if not ports:
+        _note(ctx, f"module {sc.module}: no ports, so no simulated-time limit (the wall-clock timeout applies)")
+        return ""
+    wd = f"__cv{ctx.nonce}wd"
+    return (f"`ifdef __cv{ctx.nonce}_L always @({', '.join(ports)}) if ({wd}.armed) begin {wd}.hit = 1; "
+            f"$finish; end `endif ")
+
+
+def watchdog_source(nonce):
+    """The watchdog module, compiled after the testbench so it inherits the testbench's `timescale: it waits
+    the limit (in the testbench's time units), then arms the trigger in the DUT top; its `final` block
+    writes `<tag> E <hit> <end time>` to the run's record file."""
+    wd, tag = f"__cv{nonce}wd", f"`__cv{nonce}_T"
+    return (f"module {wd}; reg armed = 1'b0, hit = 1'b0; integer fd; initial begin #(`__cv{nonce}_L); armed = 1'b1; end\n"
+            f"final begin fd = $fopen(`__cv{nonce}_F, \"a\"); $fdisplay(fd, \"%s E %0d %0d\", {tag}, hit, $time); "
+            f"$fclose(fd); end\nendmodule\n")
+
+
+def run_defines(nonce, out_file, tag, sim_time_limit=0):
     """iverilog -D flags that tell the instrumented DUT where and how to write its records (per run; the
-    values end up only in the compiled program, whose file name is random)."""
-    return [f'-D__cv{nonce}_F="{out_file}"', f'-D__cv{nonce}_T="{tag}"']
+    values end up only in the compiled program, whose file name is random), and the simulated-time limit
+    (only with a positive limit; then watchdog_source(nonce) must be compiled too)."""
+    limit = [f"-D__cv{nonce}_L={int(sim_time_limit)}"] if sim_time_limit and sim_time_limit > 0 else []
+    return [f'-D__cv{nonce}_F="{out_file}"', f'-D__cv{nonce}_T="{tag}"'] + limit
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -92,10 +92,15 @@ from dataclasses import dataclass, field
 import pyslang
 
 from instrument import (METRIC_DEF_VERSION, MAX_ERRORS, MAX_TB_BYTES, PRESCAN_CACHE_SIZE,  # noqa: F401
-                        Item, PreparedDUT, PrepareError, Scope, _short, check_testbench, run_defines)
+                        Item, PreparedDUT, PrepareError, Scope, _short, check_testbench, run_defines,
+                        watchdog_source)
 import instrument
 
 SIM_PY_VERSION = "1.0"
+
+# simulated-time limit (ScoreConfig.sim_time_limit), in the testbench's own time units (its `timescale):
+# derived from the dev set's 48 reference testbenches, see results/sim.md "Simulated-time limit"
+SIM_TIME_LIMIT_DEFAULT = 1_000_000
 
 # result statuses, defined once
 OK = "ok"                           # ran, DUT instance found, coverage read
@@ -104,10 +109,11 @@ COMPILE_ERROR = "compile_error"     # iverilog failed (or the DUT could not be p
 RUNTIME_ERROR = "runtime_error"     # vvp exited non-zero or was killed (memory, CPU, $fatal)
 TIMEOUT = "timeout"                 # wall-clock limit hit; SIGINT ran `final`, partial coverage kept
 OUTPUT_LIMIT = "output_limit"       # printed more than output_cap_bytes; stopped with SIGINT
+SIM_TIME_LIMIT = "sim_time_limit"   # still driving the DUT after sim_time_limit; stopped, coverage kept
 NO_DUT_INSTANCE = "no_dut_instance"  # coverage records exist but none under <tbtop>.<inst>
 NO_COVERAGE = "no_coverage"         # no probe records at all, or the DUT instance has no items
 INTERNAL_ERROR = "internal_error"   # a bug or environment problem in the scorer itself
-STATUSES = (OK, REJECTED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, NO_DUT_INSTANCE,
+STATUSES = (OK, REJECTED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, SIM_TIME_LIMIT, NO_DUT_INSTANCE,
             NO_COVERAGE, INTERNAL_ERROR)
 
 METRICS = ("block", "branch", "expression", "toggle", "fsm")
@@ -126,6 +132,7 @@ BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeout
 class ScoreConfig:
     profile: str = "imc"                # "imc": overall = block, expression, toggle, fsm; "strict": + branch
     timeout_s: float = 20.0             # simulation wall clock (inside the sandbox, SIGINT keeps coverage)
+    sim_time_limit: int = SIM_TIME_LIMIT_DEFAULT  # simulated time, in the testbench's time units (0: off)
     compile_timeout_s: float = 30.0     # iverilog wall clock
     mem_limit_mb: int = 4096            # RLIMIT_AS per process (ulimit -v)
     output_cap_bytes: int = 16 << 20    # total stdout+stderr bytes before output_limit
@@ -143,6 +150,8 @@ class SimResult:
     compile_ok: bool = False
     sim_finished: bool = False          # vvp ended by itself ($finish/$stop/$fatal/empty event queue)
     timed_out: bool = False
+    sim_time_limited: bool = False      # stopped by the simulated-time limit (status sim_time_limit)
+    sim_time: int | None = None         # simulated time at the end, in the testbench's time units
     exit_code: int | None = None
     metrics: dict = field(default_factory=dict)       # {metric: {covered, total, pct}}
     overall_pct: float | None = None
@@ -239,7 +248,7 @@ def prepare_dut(rtl_files, top, cfg=None):
 # ---------------------------------------------------------------------------------------------------------
 # Build (instrument.py instruments the DUT and pre-scans the testbench): argv lists and the sandbox script
 
-def build_script(dut_names, defines, tb_name, vvp_name, cfg):
+def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=()):
     """The sh script run inside the sandbox: resource limits (shell builtins: no extra process), compile,
     record the compile status, then simulate under `timeout -s INT` so the `final` blocks still run."""
     q = shlex.quote
@@ -247,7 +256,7 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg):
     return (f"ulimit -v {cfg.mem_limit_mb << 10}\nulimit -t {cpu}\nulimit -f {FSIZE_LIMIT // 512}\n"
             f"ulimit -n {NOFILE_LIMIT}\nulimit -c 0\n"
             f"iverilog -g2012 {' '.join(q(d) for d in defines)} -o {q(vvp_name)} "
-            f"{' '.join(q(n) for n in list(dut_names) + [tb_name])} 1>&2\n"
+            f"{' '.join(q(n) for n in list(dut_names) + [tb_name] + list(after_tb))} 1>&2\n"
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
@@ -446,6 +455,15 @@ def parse_records(text, tag):
             raise ValueError(f"duplicated probe record for {key[1]}")
         rec[parts[1]] = parts[3]
     return recs
+
+
+def parse_end_record(text, tag):
+    """(limit hit, end time) from the watchdog's `<tag> E <hit> <time>` line, or None without one."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == tag and parts[1] == "E" and parts[2] in ("0", "1") and parts[3].isdigit():
+            return parts[2] == "1", int(parts[3])
+    return None
 
 
 def _pct(cov, tot):
@@ -651,9 +669,14 @@ def _simulate(job, cfg, res, t0):
         tb_name = "tb.sv" if "tb.sv" not in names else "tb_0.sv"
         with open(os.path.join(run_dir, tb_name), "w", encoding="utf-8") as out:
             out.write(job["tb"])
+        after_tb = []
+        if cfg.sim_time_limit and cfg.sim_time_limit > 0:     # compiled last: inherits the tb's `timescale
+            after_tb = ["cv_watchdog.sv" if "cv_watchdog.sv" not in names else "cv_watchdog_0.sv"]
+            with open(os.path.join(run_dir, after_tb[0]), "w", encoding="utf-8") as out:
+                out.write(watchdog_source(prepared.nonce))
         tag, out_file = secrets.token_hex(8), f".cov_{secrets.token_hex(8)}.txt"
-        script = build_script(names, run_defines(prepared.nonce, out_file, tag), tb_name,
-                              f"s{secrets.token_hex(6)}.vvp", cfg)
+        script = build_script(names, run_defines(prepared.nonce, out_file, tag, cfg.sim_time_limit), tb_name,
+                              f"s{secrets.token_hex(6)}.vvp", cfg, after_tb)
         run = run_job_dir(run_dir, script, cfg)
         res.command = run.command
         res.versions["sandbox"] = run.sandbox
@@ -700,6 +723,10 @@ def _simulate(job, cfg, res, t0):
         if os.path.exists(cov_path):
             with open(cov_path, encoding="utf-8", errors="replace") as f:
                 text = f.read(FSIZE_LIMIT)
+        end = parse_end_record(text, tag)
+        if end is not None:
+            res.sim_time_limited, res.sim_time = end
+            res.sim_finished = res.sim_finished and not res.sim_time_limited
         try:
             recs = parse_records(text, tag)
         except ValueError as e:
@@ -716,6 +743,11 @@ def _simulate(job, cfg, res, t0):
             res.status = TIMEOUT
             res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
                            "msg": f"simulation did not finish within {cfg.timeout_s:g}s (missing $finish?)"}]
+        elif res.sim_time_limited:
+            res.status = SIM_TIME_LIMIT
+            res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
+                           "msg": f"the testbench was still driving the DUT after the simulated-time limit "
+                                  f"({cfg.sim_time_limit} time units); end the stimulus with $finish"}]
         elif run.rc != 0:
             res.status = RUNTIME_ERROR
             why = {-9: "killed (CPU or memory limit)", 137: "killed (CPU or memory limit)",
@@ -952,6 +984,8 @@ def main(argv=None):
     sc.add_argument("--json", action="store_true", help="print exactly one JSON object (the result record)")
     sc.add_argument("--profile", default="imc", choices=sorted(PROFILES), help="overall metric set")
     sc.add_argument("--timeout", type=float, default=ScoreConfig.timeout_s, help="simulation timeout, seconds")
+    sc.add_argument("--sim-time-limit", type=int, default=ScoreConfig.sim_time_limit,
+                    help="simulated-time limit in the testbench's time units (0: off)")
     sc.add_argument("--no-sandbox", action="store_true", help="skip bubblewrap (rlimits + timeout still apply)")
     sc.add_argument("--keep", action="store_true", help="keep the per-run directory")
     pr = sub.add_parser("prepare", help="instrument + compile the DUT alone (exit 0 when it works)")
@@ -995,6 +1029,7 @@ def main(argv=None):
     if args.target is not None:
         job["targets"] = [{"inst_name": job["inst"], "metric": "overall_average", "target_percentage": args.target}]
     cfg = ScoreConfig(profile=args.profile, timeout_s=args.timeout, sandbox=not args.no_sandbox,
+                      sim_time_limit=args.sim_time_limit,
                       keep_run_dir=args.keep)
     try:
         res = simulate(job, cfg)

@@ -62,6 +62,11 @@ def test_reference_testbenches_score(tasks, tmp_path):
         if plain_icarus_runs(t, tmp_path) and not (r.status == sim.OK and r.overall_pct is not None):
             bad.append((t["id"], r.status, r.errors[:2]))
     assert bad == []
+    # the simulated-time limit's default is generous to every reference testbench: none is stopped by it,
+    # and those that end with $finish (all but 4, which run out of events) end 10x below it
+    assert not [t["id"] for t, r in zip(with_tb, results) if r.status == sim.SIM_TIME_LIMIT or r.sim_time_limited]
+    finished = [r.sim_time for r in results if r.sim_time is not None and r.sim_time < sim.ScoreConfig().sim_time_limit]
+    assert len(finished) >= 44 and max(finished) * 10 <= sim.ScoreConfig().sim_time_limit
 
 
 @pytest.mark.needs_iverilog
