@@ -21,6 +21,7 @@ METRIC_DEF_VERSION = 1
 MAX_ERRORS = 30                 # errors kept in a result
 MAX_TB_BYTES = 1 << 20          # a testbench larger than this is rejected
 PREPARE_CACHE_SIZE = 128        # prepared DUTs kept per process
+TOGGLE_BACKENDS = ("verilog", "vpi")   # how toggle coverage is collected (same result)
 PRESCAN_CACHE_SIZE = 512        # pre-scan results kept per process (keyed by testbench + DUT + inst)
 # pure system functions allowed inside re-evaluated expression terms (everything else is skipped)
 PURE_SYSTEM_FUNCS = {"$signed", "$unsigned", "$clog2", "$bits", "$countones", "$onehot", "$onehot0",
@@ -77,23 +78,28 @@ class PreparedDUT:
     modules: list           # module names defined by the DUT files
     notes: list
     prepare_s: float
+    toggle_backend: str = "verilog"
 
 
 _PREPARE_CACHE = {}
 
 
-def prepare_dut(rtl_files, top, cfg):
+def prepare_dut(rtl_files, top, cfg, toggle_backend="verilog"):
     """Parse and instrument the DUT once (cached per process by content hash); raises PrepareError.
-    cfg: sim.ScoreConfig (its toggle_ints, toggle_enums and assign_blocks fields are used)."""
+    cfg: sim.ScoreConfig (its toggle_ints, toggle_enums and assign_blocks fields are used).
+    toggle_backend: "verilog" (a monitor process per signal) or "vpi" (vpi/toggle_cov.c's value-change
+    callbacks; the run must load that module). Both give the same toggle result."""
+    if toggle_backend not in TOGGLE_BACKENDS:
+        raise ValueError(f"unknown toggle backend {toggle_backend!r} (use {', '.join(TOGGLE_BACKENDS)})")
     h = hashlib.sha256()
     for f in rtl_files:
         h.update(f["name"].encode() + b"\0" + f["content"].encode() + b"\0")
-    h.update(f"{top}|{cfg.toggle_ints}|{cfg.toggle_enums}|{cfg.assign_blocks}|{METRIC_DEF_VERSION}".encode())
+    h.update(f"{top}|{cfg.toggle_ints}|{cfg.toggle_enums}|{cfg.assign_blocks}|{METRIC_DEF_VERSION}|{toggle_backend}".encode())
     key = h.hexdigest()
     if key in _PREPARE_CACHE:
         return _PREPARE_CACHE[key]
     t0 = time.perf_counter()
-    prepared = _instrument(rtl_files, top, cfg, key)
+    prepared = _instrument(rtl_files, top, cfg, key, toggle_backend)
     prepared.prepare_s = time.perf_counter() - t0
     if len(_PREPARE_CACHE) >= PREPARE_CACHE_SIZE:
         _PREPARE_CACHE.pop(next(iter(_PREPARE_CACHE)))
@@ -154,6 +160,7 @@ class _Ctx:
     edits: list              # per file: [(offset, order, seq, text, delete_end)]
     nonce: str
     top: str                 # the DUT top module (its ports feed the sim-time watchdog)
+    toggle_backend: str      # "verilog" | "vpi"
     cfg: object              # sim.ScoreConfig
     constants: set           # parameter / localparam / enum member names (FSM labels)
     typedefs: dict           # typedef name -> ("vector", dims) | ("enum", dims) | ("other", None)
@@ -236,7 +243,7 @@ def _share_probe(ctx, sc, metric, kind, node, detail, **extra):
     sc.items.append(Item(metric, kind, sc.file, _line(ctx, node), detail, len(sc.probes) - 1, extra))
 
 
-def _instrument(rtl_files, top, cfg, key):
+def _instrument(rtl_files, top, cfg, key, toggle_backend):
     sm = pyslang.SourceManager()
     names, datas, bufs = [], [], []
     for i, f in enumerate(rtl_files):
@@ -254,7 +261,7 @@ def _instrument(rtl_files, top, cfg, key):
         e = errors[0]
         raise PrepareError(f"DUT does not parse: {e['file']}:{e['line']}: {e['msg']}", errors)
     ctx = _Ctx(sm=sm, buf_file={b.id: i for i, b in enumerate(bufs)}, names=names,
-               edits=[[] for _ in names], nonce=key[:6], top=top, cfg=cfg, constants=set(), typedefs={})
+               edits=[[] for _ in names], nonce=key[:6], top=top, toggle_backend=toggle_backend, cfg=cfg, constants=set(), typedefs={})
     for i, data in enumerate(datas):
         if _INCLUDE_RE.search(data):
             _note(ctx, f"{names[i]}: `include'd code is not instrumented")
@@ -269,7 +276,7 @@ def _instrument(rtl_files, top, cfg, key):
     for sc in ctx.scopes:      # drop syntax nodes: PreparedDUT must pickle and stay small
         sc.cases, sc.assigns, sc.comb, sc.tail = [], [], [], []
     return PreparedDUT(key=key, top=top, nonce=ctx.nonce, files=files, scopes=ctx.scopes, modules=modules,
-                       notes=ctx.notes, prepare_s=0.0)
+                       notes=ctx.notes, prepare_s=0.0, toggle_backend=toggle_backend)
 
 
 def _diag(engine, sm, d, source="pyslang"):
@@ -810,12 +817,25 @@ def _toggle_monitor(pre, toggles):
     return "".join(out)
 
 
+def _toggle_vpi(pre, toggles, group):
+    """The VPI backend's toggle monitoring of one scope: one call registers a value-change callback per signal
+    (vpi/toggle_cov.c keeps the end-of-timestep state); the `final` block calls $__cv_toggle_end(group),
+    which commits the last step and writes the rise/fall registers that the record prints."""
+    regs = "".join(f"{dims} {tr}, {tf}; " for _, tr, tf, _, dims in toggles)
+    args = "".join(f", {name}, {tr}, {tf}" for name, tr, tf, _, _ in toggles)
+    return f"{regs}integer {group} = -1; initial $__cv_toggle({group}{args}); "
+
+
 def _toggle_commit(pre, toggles):
-    """The last time step's commit, run in the scope's `final` block."""
+    """The last commits, run in the scope's `final` block. The simulation may end ($finish) after a change
+    but before the monitor woke up for it, so the final value is read from the signal itself: if the time
+    moved on since the monitor's last wake-up, its last value (tl) is committed first, then the signal's
+    final value is committed against the one before it."""
     out = []
-    for j, (_, tr, tf, _, _) in enumerate(toggles):
-        tp, tl = f"{pre}{j}p", f"{pre}{j}l"
-        out.append(f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); ")
+    for j, (name, tr, tf, _, _) in enumerate(toggles):
+        tp, tl, tt = f"{pre}{j}p", f"{pre}{j}l", f"{pre}{j}t"
+        out.append(f"if ($realtime != {tt}) begin {tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); "
+                   f"{tp} = {tl}; end {tl} = {name}; {tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); ")
     return "".join(out)
 
 
@@ -838,7 +858,11 @@ def _finish_scope(ctx, sc, start, end, closing_text=""):
         j = len(toggles)
         toggles.append((name, f"__cv{ctx.nonce}t{sc.sid}_{j}r", f"__cv{ctx.nonce}t{sc.sid}_{j}f", s["line"], s["dims"]))
     commits = []
-    if toggles:
+    if toggles and ctx.toggle_backend == "vpi":
+        group = f"__cv{ctx.nonce}g{sc.sid}"
+        tail.append(_toggle_vpi(f"__cv{ctx.nonce}t{sc.sid}_", toggles, group))
+        commits = [f"$__cv_toggle_end({group}); "]
+    elif toggles:
         tail.append(_toggle_monitor(f"__cv{ctx.nonce}t{sc.sid}_", toggles))
         commits = [_toggle_commit(f"__cv{ctx.nonce}t{sc.sid}_", toggles)]
     if skipped:

@@ -71,6 +71,7 @@ Usage:
 import argparse
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import queue
 import os
@@ -133,6 +134,7 @@ class ScoreConfig:
     profile: str = "imc"                # "imc": overall = block, expression, toggle, fsm; "strict": + branch
     timeout_s: float = 20.0             # simulation wall clock (inside the sandbox, SIGINT keeps coverage)
     sim_time_limit: int = SIM_TIME_LIMIT_DEFAULT  # simulated time, in the testbench's time units (0: off)
+    toggle_backend: str = "auto"        # "auto": "vpi" where vpi/toggle_cov.c builds, else "verilog"
     compile_timeout_s: float = 30.0     # iverilog wall clock
     mem_limit_mb: int = 4096            # RLIMIT_AS per process (ulimit -v)
     output_cap_bytes: int = 16 << 20    # total stdout+stderr bytes before output_limit
@@ -242,13 +244,66 @@ def _check_job(job):
 def prepare_dut(rtl_files, top, cfg=None):
     """Parse and instrument the DUT once (instrument.py; cached per process by content hash); raises
     PrepareError."""
-    return instrument.prepare_dut(rtl_files, top, cfg or ScoreConfig())
+    cfg = cfg or ScoreConfig()
+    return instrument.prepare_dut(rtl_files, top, cfg, toggle_backend(cfg))
+
+
+VPI_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vpi", "toggle_cov.c")
+_VPI_STATE = {}       # "dir": folder holding toggle_cov.vpi, or "" with "why" (checked once per process)
+
+
+def vpi_module_dir():
+    """The folder of the VPI toggle module, built with iverilog-vpi at first use and cached by content hash
+    (source + iverilog version) under $CHORUS_CACHE or ~/.cache/chorus-mini; "" when it cannot be built
+    (no iverilog-vpi or C compiler: logged once, the pure-Verilog monitors are used instead)."""
+    if "dir" not in _VPI_STATE:
+        why, out = "", ""
+        try:
+            with open(VPI_SOURCE, "rb") as f:
+                src = f.read()
+            tool = shutil.which("iverilog-vpi")
+            if tool is None:
+                raise OSError("iverilog-vpi not found")
+            ver = subprocess.run(["iverilog", "-V"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
+            key = hashlib.sha256(src + b"\0" + ver.encode()).hexdigest()[:16]
+            cache = os.environ.get("CHORUS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "chorus-mini")
+            out = os.path.join(cache, "vpi", key)
+            if not os.path.exists(os.path.join(out, "toggle_cov.vpi")):
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                tmp = tempfile.mkdtemp(prefix="build_", dir=os.path.dirname(out))
+                try:
+                    shutil.copy(VPI_SOURCE, tmp)
+                    p = subprocess.run([tool, "toggle_cov.c"], cwd=tmp, capture_output=True, text=True, timeout=120)
+                    if p.returncode != 0 or not os.path.exists(os.path.join(tmp, "toggle_cov.vpi")):
+                        raise OSError("iverilog-vpi failed: " + _short(p.stderr or p.stdout, 160))
+                    try:
+                        os.rename(tmp, out)          # atomic: another worker may have won the race
+                    except OSError:
+                        if not os.path.exists(os.path.join(out, "toggle_cov.vpi")):
+                            raise
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            why, out = f"VPI toggle module unavailable ({e})", ""
+        _VPI_STATE["dir"], _VPI_STATE["why"] = out, why
+        if why:
+            print(f"sim.py: {why}; toggle coverage uses the pure-Verilog monitors", file=sys.stderr)
+    return _VPI_STATE["dir"]
+
+
+def toggle_backend(cfg):
+    """The toggle backend a run uses: cfg.toggle_backend, "auto" meaning "vpi" where the module builds."""
+    if cfg.toggle_backend == "auto":
+        return "vpi" if vpi_module_dir() else "verilog"
+    if cfg.toggle_backend == "vpi" and not vpi_module_dir():
+        raise RuntimeError(_VPI_STATE["why"])
+    return cfg.toggle_backend
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Build (instrument.py instruments the DUT and pre-scans the testbench): argv lists and the sandbox script
 
-def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=()):
+def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_dir=""):
     """The sh script run inside the sandbox: resource limits (shell builtins: no extra process), compile,
     record the compile status, then simulate under `timeout -s INT` so the `final` blocks still run."""
     q = shlex.quote
@@ -260,12 +315,14 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=()):
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
-            f"exec timeout -s INT -k {KILL_AFTER_S} {cfg.timeout_s:g} vvp -n {q(vvp_name)} -none 2>&1\n")
+            f"exec timeout -s INT -k {KILL_AFTER_S} {cfg.timeout_s:g} vvp "
+            + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n")
 
 
-def bwrap_argv(run_dir):
-    """bubblewrap: read-only /usr, the run dir as the only writable path, no /proc, /etc, /home or network."""
-    argv = ["bwrap", "--ro-bind", "/usr", "/usr"]
+def bwrap_argv(run_dir, vpi_dir=""):
+    """bubblewrap: read-only /usr, the run dir as the only writable path, no /proc, /etc, /home or network;
+    the VPI module's folder (when given) read-only at /vpi."""
+    argv = ["bwrap", "--ro-bind", "/usr", "/usr"] + (["--ro-bind", vpi_dir, "/vpi"] if vpi_dir else [])
     for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(d):
             argv += ["--symlink", os.readlink(d).lstrip("/"), d]
@@ -372,12 +429,13 @@ def _signal_tree(pid, sig, only_comm=None):
             pass
 
 
-def run_job_dir(run_dir, script, cfg):
-    """Run script (limits, compile, sim) in run_dir with one bwrap start; drain output with caps; backstop."""
+def run_job_dir(run_dir, script, cfg, vpi_dir=""):
+    """Run script (limits, compile, sim) in run_dir with one bwrap start; drain output with caps; backstop.
+    vpi_dir: the host folder of the VPI module, shown read-only at /vpi inside the sandbox."""
     use_bwrap = cfg.sandbox and bwrap_usable()
     # the script travels in argv, never as a file in the run dir: it holds the per-run secrets (-D values)
     # and the sandbox has no /proc where a testbench could read another process's command line
-    argv = (bwrap_argv(run_dir) if use_bwrap else []) + ["sh", "-c", script]
+    argv = (bwrap_argv(run_dir, vpi_dir) if use_bwrap else []) + ["sh", "-c", script]
     command = shlex.join(argv)
     t0 = time.time()
     proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -675,9 +733,12 @@ def _simulate(job, cfg, res, t0):
             with open(os.path.join(run_dir, after_tb[0]), "w", encoding="utf-8") as out:
                 out.write(watchdog_source(prepared.nonce))
         tag, out_file = secrets.token_hex(8), f".cov_{secrets.token_hex(8)}.txt"
+        vpi_dir = vpi_module_dir() if prepared.toggle_backend == "vpi" else ""
         script = build_script(names, run_defines(prepared.nonce, out_file, tag, cfg.sim_time_limit), tb_name,
-                              f"s{secrets.token_hex(6)}.vvp", cfg, after_tb)
-        run = run_job_dir(run_dir, script, cfg)
+                              f"s{secrets.token_hex(6)}.vvp", cfg, after_tb,
+                              ("/vpi" if cfg.sandbox and bwrap_usable() else vpi_dir) if vpi_dir else "")
+        run = run_job_dir(run_dir, script, cfg, vpi_dir)
+        res.versions["toggle_backend"] = prepared.toggle_backend
         res.command = run.command
         res.versions["sandbox"] = run.sandbox
         if run.sandbox == "none" and cfg.sandbox:

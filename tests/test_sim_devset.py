@@ -69,6 +69,23 @@ def test_reference_testbenches_score(tasks, tmp_path):
     assert len(finished) >= 44 and max(finished) * 10 <= sim.ScoreConfig().sim_time_limit
 
 
+@pytest.mark.needs_shared
+@pytest.mark.needs_iverilog
+@pytest.mark.slow
+def test_reference_testbenches_identical_with_both_toggle_backends(tasks):
+    if not sim.vpi_module_dir():
+        pytest.skip("the VPI toggle module cannot be built here (no iverilog-vpi / C compiler)")
+    jobs = [sim.job_from_task(t, t["reference_tb"]["content"]) for t in tasks if t.get("reference_tb")]
+    keys = ("status", "metrics", "overall_pct", "per_instance", "uncovered", "targets", "notes", "sim_time")
+    got = {}
+    for backend in ("verilog", "vpi"):
+        results = sim.simulate_many(jobs, workers=min(2, os.cpu_count() or 1), verbose=False,
+                                    cfg=sim.ScoreConfig(toggle_backend=backend))
+        assert all(r.versions["toggle_backend"] == backend for r in results)
+        got[backend] = [{k: getattr(r, k) for k in keys} for r in results]
+    assert [j["id"] for j, a, b in zip(jobs, got["verilog"], got["vpi"]) if a != b] == []
+
+
 @pytest.mark.needs_iverilog
 def test_tricky_design_runs():
     # enum FSM (typedef), unique case, casez, a function (not instrumented, noted), a macro statement (noted),
