@@ -889,7 +889,8 @@ def _finish_scope(ctx, sc, start, end, closing_text=""):
 
 def _watchdog_trigger(ctx, sc):
     """In the DUT top: once the watchdog module (watchdog_source) has reached the simulated-time limit, the
-    next change on any DUT port ends the run with $finish. Compiled only when the limit macro is defined.
+    next change on any DUT port ends the run with $finish (a process that waits for the arming, so it
+    costs nothing before the limit). Compiled only when the limit macro is defined.
     A run whose events have all run out before the limit therefore still ends by itself (the watchdog's
     own delay is its last event), while one that keeps driving the DUT stops right after the limit."""
     ports = [n for n in sc.port_dirs if sc.signals.get(n, {}).get("why") != "unpacked array"]
@@ -897,7 +898,7 @@ def _watchdog_trigger(ctx, sc):
         _note(ctx, f"module {sc.module}: no ports, so no simulated-time limit (the wall-clock timeout applies)")
         return ""
     wd = f"__cv{ctx.nonce}wd"
-    return (f"`ifdef __cv{ctx.nonce}_L always @({', '.join(ports)}) if ({wd}.armed) begin {wd}.hit = 1; "
+    return (f"`ifdef __cv{ctx.nonce}_L initial begin wait ({wd}.armed); @({', '.join(ports)}); {wd}.hit = 1; "
             f"$finish; end `endif ")
 
 

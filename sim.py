@@ -20,7 +20,8 @@ Metrics (metric_def_version 1; coverage.md "Metric definitions"): block, branch,
 zero-time glitches never count; the time-0 value is the starting value; X/Z transitions don't count),
 fsm (heuristic states + S->T transitions). overall_pct = mean over block, expression, toggle, fsm with
 items (profile "imc"); profile "strict" adds branch. overall_covered_pct is item weighted.
-reward = 1 + overall/100 when status is ok, else 0. For many runs keep one SimPool (workers start once).
+reward = 1 + overall/100 when status is ok, else 0 (so timeout and sim_time_limit earn 0, as the paper's
+harness fails a run that does not finish). For many runs keep one SimPool (workers start once).
 
 What the sandbox covers (when bubblewrap works): a fresh per-run directory is the only writable path
 (mounted at /sim); /usr is read-only; no /etc, /home, /proc or network; private pid/ipc/uts/user namespaces;
@@ -53,7 +54,15 @@ Known gaps and deviations from docs/coverage.md:
   - Expression rows are evaluated locally per chain (not sensitised to the outer result); chains and
     ternaries whose terms contain calls, ++/-- or assignments are skipped. Continuous assignments are not
     blocks; their ternaries/chains are monitored by an always_comb (may see zero-time glitches).
-  - The VPI toggle backend (coverage.md 3.4) is not implemented; toggle uses in-HDL monitors only.
+  - Toggle backends: "vpi" (vpi/toggle_cov.c, value-change callbacks, built with iverilog-vpi at first use
+    and cached by content hash) where a C compiler exists, else "verilog" (one monitor process per signal);
+    identical results (tests/test_sim_backends.py, the VCD cross-check runs both). Both read the final
+    value at the end, so a change in the time step that calls $finish counts, as in a VCD.
+  - Simulated-time limit (ScoreConfig.sim_time_limit, in the testbench's time units): a watchdog module
+    compiled after the testbench (so it inherits its `timescale) waits the limit, then the next change on
+    any DUT top port ends the run with $finish -> status sim_time_limit, coverage kept, reward 0. A run
+    that runs out of events ends by itself as before; one that keeps running without touching the DUT's
+    ports is stopped by the wall-clock timeout only. A `timeunit` inside the tb module is not seen.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
