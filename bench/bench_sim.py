@@ -4,13 +4,15 @@ Jobs: the dev set's 48 reference testbenches (../shared/data/dev_tasks.jsonl, RT
 designs of tests/designs. Measures, in one run, for 1 and 2 workers: bare `iverilog -g2012` + `vvp -n ...
 -none` on the un-instrumented DUT (same files, same parallelism), and the scorer with the sandbox on and
 off, for this sim.py ("new") and for sim.py at --old-commit ("old", run from a copy taken with `git show`).
-Each measurement is one warm-up pass (fills the prepared-DUT cache, as in RL where a DUT is scored many
-times; with 2 workers the SimPool is started once and stays warm) followed by --repeat timed passes (which
-also hit the pre-scan cache, as RL/eval re-scores do). Overhead = scorer wall / bare wall. It also checks
+Every configuration gets one warm-up pass (fills the prepared-DUT cache, as in RL where a DUT is scored
+many times; with 2 workers each SimPool is started once and stays warm), then --repeat timed passes with
+the configurations interleaved, so a change in the machine's load hits all of them alike (the timed passes
+also hit the pre-scan cache, as RL/eval re-scores do). Figures are the best pass; overhead = scorer wall
+/ bare wall (best against best, and pass by pass). It also checks
 that old and new give the same results (status, covered/total per metric, per instance, uncovered items,
 targets) and lists the jobs where they differ. Prints a table and writes JSON.
 
-Run: python bench/bench_sim.py [--repeat 2] [--old-commit 2e18093] [--out results/bench_sim.json]   (make bench)
+Run: python bench/bench_sim.py [--repeat 3] [--old-commit 2e18093] [--out results/bench_sim.json]   (make bench)
 Targets (issue 18, 2 cores): sandbox on <= 1.3x bare with 1 and 2 workers; sandbox off <= 1.1x.
 """
 import argparse
@@ -57,35 +59,37 @@ def cpu_s():
     return me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
 
 
-def time_plain(jobs, workers, repeat, timeout_s):
-    with concurrent.futures.ThreadPoolExecutor(workers) as ex:      # subprocess-bound: threads suffice
-        list(ex.map(lambda j: plain_run(j, timeout_s), jobs))        # warm-up (page cache)
-        t0, c0 = time.perf_counter(), cpu_s()
-        for _ in range(repeat):
-            statuses = list(ex.map(lambda j: plain_run(j, timeout_s), jobs))
-        dt, cpu = time.perf_counter() - t0, cpu_s() - c0
-    return dt, cpu, statuses
+def runners(mod_new, mod_old, jobs, workers, timeout_s):
+    """name -> function(jobs) -> statuses or results, for bare Icarus and the four scorer configurations.
+    With 2 workers each scorer configuration has its own SimPool (started once, kept warm); close()s."""
+    ex = concurrent.futures.ThreadPoolExecutor(workers)                # bare flow: subprocess-bound threads
+    out, closers = {"bare": lambda js: list(ex.map(lambda j: plain_run(j, timeout_s), js))}, [ex.shutdown]
+    for which, mod in (("new", mod_new), ("old", mod_old)):
+        for label, sandbox in (("sandbox_on", True), ("sandbox_off", False)):
+            cfg = mod.ScoreConfig(sandbox=sandbox)
+            if workers == 1:                                           # in-process, like simulate_many
+                out[f"{which}_{label}"] = lambda js, mod=mod, cfg=cfg: [mod.simulate(j, cfg) for j in js]
+            else:
+                pool = mod.SimPool(workers, cfg)
+                out[f"{which}_{label}"] = pool.map
+                closers.append(pool.close)
+    return out, closers
 
 
-def time_scorer(mod, jobs, workers, repeat, cfg):
-    """Score the jobs with module mod (sim.py, this one or the old copy): (wall s, CPU s or None, results)."""
-    if workers == 1:
-        run = lambda js: [mod.simulate(j, cfg) for j in js]        # noqa: E731 (in-process, like simulate_many)
-        pool = None
-    else:
-        pool = mod.SimPool(workers, cfg)
-        run = pool.map
-    try:
-        run(jobs)                                                     # warm-up: worker start + DUT cache
-        t0, c0 = time.perf_counter(), cpu_s()
-        for _ in range(repeat):
-            results = run(jobs)
-        dt, cpu = time.perf_counter() - t0, cpu_s() - c0
-    finally:
-        if pool is not None:
-            pool.close()
-    # CPU is only complete in-process (workers=1); pool workers' children are not visible from here
-    return dt, (cpu if pool is None else None), results
+def measure(run, jobs, repeat):
+    """Warm-up pass, then `repeat` passes with the configurations interleaved (pass 1: every configuration,
+    pass 2: every configuration, ...), so a change in the machine's load hits all of them alike.
+    Returns name -> {"wall": [s per pass], "cpu": [s per pass], "last": last pass's output}."""
+    for f in run.values():
+        f(jobs)                                                        # warm-up: page cache, DUT cache
+    got = {name: {"wall": [], "cpu": [], "last": None} for name in run}
+    for _ in range(repeat):
+        for name, f in run.items():
+            t0, c0 = time.perf_counter(), cpu_s()
+            got[name]["last"] = f(jobs)
+            got[name]["wall"].append(time.perf_counter() - t0)
+            got[name]["cpu"].append(cpu_s() - c0)
+    return got
 
 
 def old_sim(commit):
@@ -134,7 +138,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default=str(ROOT.parent / "shared" / "data" / "dev_tasks.jsonl"),
                     help="task JSONL with reference_tb rows")
-    ap.add_argument("--repeat", type=int, default=2, help="timed passes over the jobs per measurement")
+    ap.add_argument("--repeat", type=int, default=3, help="timed passes over the jobs (interleaved)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure")
     ap.add_argument("--old-commit", default="2e18093", help="the sim.py to compare with (git commit)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench_sim.json"), help="JSON output path")
@@ -153,39 +157,48 @@ def main():
     print(f"bench_sim: {len(jobs)} jobs x {args.repeat} passes; {info['cpu']} ({info['cores']} cores), "
           f"iverilog {info['iverilog']}, bwrap usable: {info['bwrap_usable']}, toggle backend "
           f"{info['toggle_backend']}, old sim.py at {args.old_commit}, load {info['loadavg_at_start']}")
-    rows, differ = [], {}
-    n = len(jobs) * args.repeat
+    rows = []
+    n = len(jobs)
     for workers in args.workers:
-        plain_dt, plain_cpu, plain_st = time_plain(jobs, workers, args.repeat, sim.ScoreConfig().timeout_s)
-        row = {"workers": workers, "runs": n, "plain_s": round(plain_dt, 3), "plain_runs_per_s": round(n / plain_dt, 2),
-               "plain_cpu_ms_per_run": round(1000 * plain_cpu / n, 1), "plain_ok": plain_st.count("ok")}
-        for which, mod in (("new", sim), ("old", old)):
-            for label, sandbox in (("sandbox_on", True), ("sandbox_off", False)):
-                dt, cpu, results = time_scorer(mod, jobs, workers, args.repeat, mod.ScoreConfig(sandbox=sandbox))
-                key = f"{which}_{label}"
-                if cpu is not None and not sandbox:     # bwrap's sandboxed children are not reaped by us,
-                    row[f"{key}_cpu_ms_per_run"] = round(1000 * cpu / n, 1)   # so CPU is for sandbox off only
-                    row[f"{key}_cpu_overhead"] = round(cpu / plain_cpu, 3)
-                row[f"{key}_s"] = round(dt, 3)
-                row[f"{key}_runs_per_s"] = round(n / dt, 2)
-                row[f"{key}_overhead"] = round(dt / plain_dt, 3)
-                row[f"{key}_ok"] = sum(r.status == "ok" for r in results)
-                row[f"{key}_median_ms"] = {k: round(1000 * sorted(r.timings.get(k, 0) for r in results)[len(results) // 2], 1)
-                                           for k in ("prepare", "check", "compile", "sim", "score", "total")}
-                if which == "new":
-                    differ[label] = results
-                else:           # same jobs, same order: compare the last pass of old and new
-                    for j, a, b in zip(jobs, differ[label], results):
-                        if {k: getattr(a, k) for k in COMPARED} != {k: getattr(b, k) for k in COMPARED}:
-                            row.setdefault("results_differ", []).append(f"{j['id']} ({label})")
+        run, closers = runners(sim, old, jobs, workers, sim.ScoreConfig().timeout_s)
+        try:
+            got = measure(run, jobs, args.repeat)
+        finally:
+            for close in closers:
+                close()
+        bare = got["bare"]
+        row = {"workers": workers, "runs_per_pass": n, "passes": args.repeat,
+               "bare_runs_per_s": round(n / min(bare["wall"]), 2), "bare_ok": bare["last"].count("ok")}
+        if workers == 1:
+            row["bare_cpu_ms_per_run"] = round(1000 * min(bare["cpu"]) / n, 1)
+        for name in run:
+            if name == "bare":
+                continue
+            g, results = got[name], got[name]["last"]
+            row[f"{name}_runs_per_s"] = round(n / min(g["wall"]), 2)
+            # overhead: best pass against best pass, and pass by pass (the same moment's load) as a range
+            row[f"{name}_overhead"] = round(min(g["wall"]) / min(bare["wall"]), 3)
+            row[f"{name}_overhead_per_pass"] = [round(a / b, 3) for a, b in zip(g["wall"], bare["wall"])]
+            if workers == 1 and name.endswith("sandbox_off"):   # bwrap's children are not reaped by us, and
+                # pool workers' children are invisible from here: CPU only in-process with the sandbox off
+                row[f"{name}_cpu_ms_per_run"] = round(1000 * min(g["cpu"]) / n, 1)
+                row[f"{name}_cpu_overhead"] = round(min(g["cpu"]) / min(bare["cpu"]), 3)
+            row[f"{name}_ok"] = sum(r.status == "ok" for r in results)
+            row[f"{name}_median_ms"] = {k: round(1000 * sorted(r.timings.get(k, 0) for r in results)[len(results) // 2], 1)
+                                        for k in ("prepare", "check", "compile", "sim", "score", "total")}
+            if name.startswith("old_"):          # same jobs, same order: old and new results side by side
+                new = got["new_" + name[4:]]["last"]
+                row[f"{name[4:]}_results_differ"] = [
+                    j["id"] for j, a, b in zip(jobs, new, results)
+                    if {k: getattr(a, k) for k in COMPARED} != {k: getattr(b, k) for k in COMPARED}]
         rows.append(row)
-        print(f"workers={workers}: bare {row['plain_runs_per_s']:6.1f} runs/s | "
+        print(f"workers={workers}: bare {row['bare_runs_per_s']:6.1f} runs/s | "
               + " | ".join(f"{w} {lab.replace('_', ' ')} {row[f'{w}_{lab}_runs_per_s']:6.1f} runs/s "
                            f"({row[f'{w}_{lab}_overhead']:.2f}x)" for w in ("new", "old")
                            for lab in ("sandbox_on", "sandbox_off"))
-              + (f" | CPU ms/run bare {row['plain_cpu_ms_per_run']}, new {row['new_sandbox_off_cpu_ms_per_run']}, "
+              + (f" | CPU ms/run bare {row['bare_cpu_ms_per_run']}, new {row['new_sandbox_off_cpu_ms_per_run']}, "
                  f"old {row['old_sandbox_off_cpu_ms_per_run']} (sandbox off)" if workers == 1 else "")
-              + f" | results differ: {row.get('results_differ', [])}")
+              + f" | results differ old/new: {row['sandbox_on_results_differ']}")
     out = {"command": "python bench/bench_sim.py " + " ".join(sys.argv[1:]), "commit": commit,
            "old_commit": args.old_commit, "machine": info, "jobs": len(jobs), "repeat": args.repeat, "rows": rows,
            "prescan_cache_size": sim.PRESCAN_CACHE_SIZE, "loadavg_at_end": list(os.getloadavg()),
