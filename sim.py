@@ -78,6 +78,7 @@ Usage:
   python sim.py prepare --rtl A.sv [...] --top MODULE
 """
 import argparse
+import atexit
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -329,17 +330,19 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
 
 
 def bwrap_argv(run_dir, vpi_dir=""):
-    """bubblewrap: read-only /usr, the run dir as the only writable path, no /proc, /etc, /home or network;
-    the VPI module's folder (when given) read-only at /vpi."""
+    """bubblewrap: read-only /usr, the run dir as the only writable path (/, /dev are remounted read-only,
+    no /tmp: TMPDIR is the run dir), no /proc, /etc, /home or network; the VPI module's folder (when
+    given) read-only at /vpi."""
     argv = ["bwrap", "--ro-bind", "/usr", "/usr"] + (["--ro-bind", vpi_dir, "/vpi"] if vpi_dir else [])
     for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(d):
             argv += ["--symlink", os.readlink(d).lstrip("/"), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    return argv + ["--dev", "/dev", "--tmpfs", "/tmp", "--bind", run_dir, "/sim", "--chdir", "/sim",
-                   "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                   "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sim"]
+    return argv + ["--dev", "/dev", "--bind", run_dir, "/sim", "--remount-ro", "/", "--remount-ro", "/dev",
+                   "--chdir", "/sim", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                   "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sim",
+                   "--setenv", "TMPDIR", "/sim"]
 
 
 _BWRAP_STATE = {}     # "ok": bool, "why": str (checked once per process)
@@ -438,37 +441,108 @@ def _signal_tree(pid, sig, only_comm=None):
             pass
 
 
-def run_job_dir(run_dir, script, cfg, vpi_dir=""):
-    """Run script (limits, compile, sim) in run_dir with one bwrap start; drain output with caps; backstop.
-    vpi_dir: the host folder of the VPI module, shown read-only at /vpi inside the sandbox."""
-    use_bwrap = cfg.sandbox and bwrap_usable()
-    # the script travels in argv, never as a file in the run dir: it holds the per-run secrets (-D values)
-    # and the sandbox has no /proc where a testbench could read another process's command line
-    argv = (bwrap_argv(run_dir, vpi_dir) if use_bwrap else []) + ["sh", "-c", script]
-    command = shlex.join(argv)
-    t0 = time.time()
-    proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True,
-                            env=None if use_bwrap else {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                                        "HOME": run_dir})
+class _Box:
+    """A bubblewrap sandbox kept for many runs of one process (each SimPool worker has its own): a sh loop
+    inside reads (token, run folder, script) lines from stdin and runs the script in a subshell in
+    /sim/<run folder>, with all output on stdout, then prints `<token> <exit status>`. The runs of a box
+    come one after another; between two, the host empties the box's folder, the only writable path
+    (/ and /dev are read-only, there is no /tmp), so nothing a run wrote is left for the next one. The
+    token is random per run and only in the sh loop's memory (no /proc in the sandbox), so a testbench
+    cannot print a fake end marker. A box that misses its deadline is killed and replaced."""
+    DRIVER = ('while IFS= read -r tok && IFS= read -r dir && IFS= read -r script; do '
+              '( cd "/sim/$dir" && HOME="/sim/$dir" TMPDIR="/sim/$dir" && export HOME TMPDIR && eval "$script" ) '
+              '</dev/null 2>&1; echo "$tok $?"; done')
+
+    def __init__(self, vpi_dir):
+        self.vpi_dir = vpi_dir
+        self.root = tempfile.mkdtemp(prefix="chorus_simbox_")
+        self.proc = subprocess.Popen(bwrap_argv(self.root, vpi_dir) + ["sh", "-c", self.DRIVER],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def close(self):
+        if self.alive():
+            _signal_tree(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def empty(self):
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+
+_BOXES = []                     # idle boxes of this process (one per thread that runs at the same time)
+_BOXES_LOCK = threading.Lock()
+
+
+def _take_box(vpi_dir):
+    with _BOXES_LOCK:
+        while _BOXES:
+            box = _BOXES.pop()
+            if box.alive() and box.vpi_dir == vpi_dir:
+                return box
+            box.close()
+    return _Box(vpi_dir)
+
+
+def _close_boxes():
+    with _BOXES_LOCK:
+        while _BOXES:
+            _BOXES.pop().close()
+
+
+atexit.register(_close_boxes)
+
+
+def _run_in_box(run_dir, script, vpi_dir):
+    """Move the run dir into a box's folder: (box, its path there, the run's end token, the stdin line)."""
+    box = _take_box(vpi_dir)
+    name = os.path.basename(run_dir)
+    inside = os.path.join(box.root, name)
+    os.rename(run_dir, inside)           # same filesystem (both under the temp dir): no copy
+    tok = secrets.token_hex(8)
+    line = (tok + "\n" + name + "\n" + script.replace("\n", "; ") + "\n").encode()
+    return box, inside, tok, line
+
+
+def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
+    """Read the run's output with head+tail kept and a byte cap (SIGINT to `timeout` past it) until every
+    stream ends or `until(tail bytes)` matches; SIGKILL the process tree at the deadline.
+    Returns (head, tail, total, limited, killed, end match)."""
     head, tail = bytearray(), deque()
-    tail_len, total, limited, killed = 0, 0, False, False
-    deadline = time.monotonic() + cfg.compile_timeout_s + cfg.timeout_s + KILL_AFTER_S + BACKSTOP_EXTRA_S
+    tail_len, total, limited, killed, end, last = 0, 0, False, False, None, b""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    open_streams = 2
-    while open_streams:
+    for f in fileno_streams:
+        sel.register(f, selectors.EVENT_READ)
+    open_streams = len(fileno_streams)
+    while open_streams and end is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0 and not killed:
             killed = True
-            _signal_tree(proc.pid, signal.SIGKILL)
+            _signal_tree(proc_pid, signal.SIGKILL)
         for key, _ in sel.select(timeout=max(0.05, min(remaining, 1.0))):
             chunk = os.read(key.fileobj.fileno(), 65536)
             if not chunk:
                 sel.unregister(key.fileobj)
                 open_streams -= 1
                 continue
+            if until is not None:
+                last = (last + chunk)[-128:]
+                end = until.search(last)
+                if end is not None:              # the marker is the last thing written: drop it
+                    chunk = chunk[:len(chunk) - len(end.group(0))] if len(end.group(0)) <= len(chunk) else b""
             total += len(chunk)
             if len(head) < LOG_KEEP_BYTES:
                 take = LOG_KEEP_BYTES - len(head)
@@ -481,17 +555,61 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
                     tail_len -= len(tail.popleft())
             if total > cfg.output_cap_bytes and not limited:
                 limited = True       # SIGINT to `timeout` inside: it forwards INT to vvp, `final` runs
-                _signal_tree(proc.pid, signal.SIGINT, only_comm="timeout")
+                _signal_tree(proc_pid, signal.SIGINT, only_comm="timeout")
     sel.close()
-    try:
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic() + 5))
-    except subprocess.TimeoutExpired:
-        killed = True
-        _signal_tree(proc.pid, signal.SIGKILL)
-        rc = proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
-    t_end = time.time()
+    return head, b"".join(tail)[-LOG_KEEP_BYTES:], total, limited, killed, end
+
+
+def run_job_dir(run_dir, script, cfg, vpi_dir=""):
+    """Run script (limits, compile, sim) in run_dir, sandboxed in this process's persistent bubblewrap
+    (_Box) when usable; drain output with caps; backstop. vpi_dir: the host folder of the VPI module,
+    shown read-only at /vpi inside the sandbox. The run dir is where it was again on return."""
+    use_bwrap = cfg.sandbox and bwrap_usable()
+    deadline = time.monotonic() + cfg.compile_timeout_s + cfg.timeout_s + KILL_AFTER_S + BACKSTOP_EXTRA_S
+    if use_bwrap:
+        # the script travels through the sandbox's stdin, never as a file in the run dir: it holds the
+        # per-run secrets (-D values), and the sandbox has no /proc where a testbench could look for them
+        command = shlex.join(bwrap_argv(run_dir, vpi_dir) + ["sh", "-c", script])   # the same, as one command
+        box, inside, tok, line = _run_in_box(run_dir, script, vpi_dir)
+        t0 = time.time()
+        rc, ok = None, False
+        try:
+            box.proc.stdin.write(line)
+            box.proc.stdin.flush()
+            head, tail, total, limited, killed, end = _drain(
+                [box.proc.stdout], box.proc.pid, deadline, cfg,
+                until=re.compile(rb"(?:^|(?<=\n))" + tok.encode() + rb" (\d+)\n$"))
+            if end is not None:
+                rc, ok = int(end.group(1)), not killed
+            else:
+                killed = True
+        except OSError:                   # the box died (killed at the deadline, or broken): a new one next time
+            head, tail, total, limited, killed = b"", b"", 0, False, True
+        t_end = time.time()
+        os.rename(inside, run_dir)
+        if ok:
+            box.empty()
+            with _BOXES_LOCK:
+                _BOXES.append(box)
+        else:
+            box.close()
+    else:
+        argv = ["sh", "-c", script]
+        command = shlex.join(argv)
+        t0 = time.time()
+        proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": run_dir})
+        head, tail, total, limited, killed, _ = _drain([proc.stdout, proc.stderr], proc.pid, deadline, cfg)
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic() + 5))
+        except subprocess.TimeoutExpired:
+            killed = True
+            _signal_tree(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        t_end = time.time()
     compile_rc, t_compiled = None, t_end
     rc_path = os.path.join(run_dir, "compile.rc")
     if os.path.exists(rc_path):
@@ -499,8 +617,7 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
             txt = f.read().strip()
         compile_rc = int(txt) if txt.lstrip("-").isdigit() else None
         t_compiled = os.path.getmtime(rc_path)
-    tail_bytes = b"".join(tail)[-LOG_KEEP_BYTES:]
-    return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=tail_bytes, total_bytes=total,
+    return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
                      output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
                      command=command)
