@@ -444,21 +444,26 @@ def _signal_tree(pid, sig, only_comm=None):
 class _Box:
     """A bubblewrap sandbox kept for many runs of one process (each SimPool worker has its own): a sh loop
     inside reads (token, run folder, script) lines from stdin and runs the script in a subshell in
-    /sim/<run folder>, with all output on stdout, then prints `<token> <exit status>`. The runs of a box
+    /sim/<run folder>, with all output on stdout, then prints `<token> <exit status>`. Without the
+    sandbox the same sh loop runs unsandboxed (one process start per run fewer, like the sandbox). The runs of a box
     come one after another; between two, the host empties the box's folder, the only writable path
     (/ and /dev are read-only, there is no /tmp), so nothing a run wrote is left for the next one. The
     token is random per run and only in the sh loop's memory (no /proc in the sandbox), so a testbench
     cannot print a fake end marker. A box that misses its deadline is killed and replaced."""
     DRIVER = ('while IFS= read -r tok && IFS= read -r dir && IFS= read -r script; do '
-              '( cd "/sim/$dir" && HOME="/sim/$dir" TMPDIR="/sim/$dir" && export HOME TMPDIR && eval "$script" ) '
+              '( cd "$0/$dir" && HOME="$0/$dir" TMPDIR="$0/$dir" && export HOME TMPDIR && eval "$script" ) '
               '</dev/null 2>&1; echo "$tok $?"; done')
 
-    def __init__(self, vpi_dir):
-        self.vpi_dir = vpi_dir
+    def __init__(self, vpi_dir, sandboxed):
+        self.key = (vpi_dir, sandboxed)
         self.root = tempfile.mkdtemp(prefix="chorus_simbox_")
-        self.proc = subprocess.Popen(bwrap_argv(self.root, vpi_dir) + ["sh", "-c", self.DRIVER],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        if sandboxed:
+            argv, env = bwrap_argv(self.root, vpi_dir) + ["sh", "-c", self.DRIVER, "/sim"], None
+        else:
+            argv = ["sh", "-c", self.DRIVER, self.root]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.root}
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=self.root, env=env)
 
     def alive(self):
         return self.proc.poll() is None
@@ -487,14 +492,16 @@ _BOXES = []                     # idle boxes of this process (one per thread tha
 _BOXES_LOCK = threading.Lock()
 
 
-def _take_box(vpi_dir):
+def _take_box(vpi_dir, sandboxed):
     with _BOXES_LOCK:
-        while _BOXES:
-            box = _BOXES.pop()
-            if box.alive() and box.vpi_dir == vpi_dir:
-                return box
-            box.close()
-    return _Box(vpi_dir)
+        for i, box in enumerate(_BOXES):
+            if box.key == (vpi_dir, sandboxed):
+                _BOXES.pop(i)
+                if box.alive():
+                    return box
+                box.close()
+                break
+    return _Box(vpi_dir, sandboxed)
 
 
 def _close_boxes():
@@ -506,9 +513,9 @@ def _close_boxes():
 atexit.register(_close_boxes)
 
 
-def _run_in_box(run_dir, script, vpi_dir):
+def _run_in_box(run_dir, script, vpi_dir, sandboxed):
     """Move the run dir into a box's folder: (box, its path there, the run's end token, the stdin line)."""
-    box = _take_box(vpi_dir)
+    box = _take_box(vpi_dir, sandboxed)
     name = os.path.basename(run_dir)
     inside = os.path.join(box.root, name)
     os.rename(run_dir, inside)           # same filesystem (both under the temp dir): no copy
@@ -561,55 +568,37 @@ def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
 
 
 def run_job_dir(run_dir, script, cfg, vpi_dir=""):
-    """Run script (limits, compile, sim) in run_dir, sandboxed in this process's persistent bubblewrap
-    (_Box) when usable; drain output with caps; backstop. vpi_dir: the host folder of the VPI module,
+    """Run script (limits, compile, sim) in run_dir through this process's persistent sh loop (_Box), in
+    bubblewrap when usable; drain output with caps; backstop. vpi_dir: the host folder of the VPI module,
     shown read-only at /vpi inside the sandbox. The run dir is where it was again on return."""
     use_bwrap = cfg.sandbox and bwrap_usable()
     deadline = time.monotonic() + cfg.compile_timeout_s + cfg.timeout_s + KILL_AFTER_S + BACKSTOP_EXTRA_S
-    if use_bwrap:
-        # the script travels through the sandbox's stdin, never as a file in the run dir: it holds the
-        # per-run secrets (-D values), and the sandbox has no /proc where a testbench could look for them
-        command = shlex.join(bwrap_argv(run_dir, vpi_dir) + ["sh", "-c", script])   # the same, as one command
-        box, inside, tok, line = _run_in_box(run_dir, script, vpi_dir)
-        t0 = time.time()
-        rc, ok = None, False
-        try:
-            box.proc.stdin.write(line)
-            box.proc.stdin.flush()
-            head, tail, total, limited, killed, end = _drain(
-                [box.proc.stdout], box.proc.pid, deadline, cfg,
-                until=re.compile(rb"(?:^|(?<=\n))" + tok.encode() + rb" (\d+)\n$"))
-            if end is not None:
-                rc, ok = int(end.group(1)), not killed
-            else:
-                killed = True
-        except OSError:                   # the box died (killed at the deadline, or broken): a new one next time
-            head, tail, total, limited, killed = b"", b"", 0, False, True
-        t_end = time.time()
-        os.rename(inside, run_dir)
-        if ok:
-            box.empty()
-            with _BOXES_LOCK:
-                _BOXES.append(box)
+    # the script travels through the box's stdin, never as a file in the run dir: it holds the per-run
+    # secrets (-D values), and the sandbox has no /proc where a testbench could look for them
+    command = shlex.join((bwrap_argv(run_dir, vpi_dir) if use_bwrap else []) + ["sh", "-c", script])  # as one command
+    box, inside, tok, line = _run_in_box(run_dir, script, vpi_dir, use_bwrap)
+    t0 = time.time()
+    rc, ok = None, False
+    try:
+        box.proc.stdin.write(line)
+        box.proc.stdin.flush()
+        head, tail, total, limited, killed, end = _drain(
+            [box.proc.stdout], box.proc.pid, deadline, cfg,
+            until=re.compile(rb"(?:^|(?<=\n))" + tok.encode() + rb" (\d+)\n$"))
+        if end is not None:
+            rc, ok = int(end.group(1)), not killed
         else:
-            box.close()
-    else:
-        argv = ["sh", "-c", script]
-        command = shlex.join(argv)
-        t0 = time.time()
-        proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": run_dir})
-        head, tail, total, limited, killed, _ = _drain([proc.stdout, proc.stderr], proc.pid, deadline, cfg)
-        try:
-            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic() + 5))
-        except subprocess.TimeoutExpired:
             killed = True
-            _signal_tree(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-        t_end = time.time()
+    except OSError:                   # the box died (killed at the deadline, or broken): a new one next time
+        head, tail, total, limited, killed = b"", b"", 0, False, True
+    t_end = time.time()
+    os.rename(inside, run_dir)
+    if ok:
+        box.empty()
+        with _BOXES_LOCK:
+            _BOXES.append(box)
+    else:
+        box.close()
     compile_rc, t_compiled = None, t_end
     rc_path = os.path.join(run_dir, "compile.rc")
     if os.path.exists(rc_path):
