@@ -54,9 +54,19 @@ def plain_run(job, timeout_s):
 
 
 def cpu_s():
-    """CPU seconds (user + sys) of this process and its waited-for children: less load-sensitive than wall."""
+    """CPU seconds (user + sys) of this process, its waited-for children and the runs done by sim.py's
+    persistent sh loops (sim._BOXES: their own and their reaped children's CPU, from /proc/<pid>/stat; only
+    complete without the sandbox, where the loop is our child): less load-sensitive than wall."""
     me, ch = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
+    total = me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
+    for box in list(getattr(sim, "_BOXES", [])):
+        try:
+            with open(f"/proc/{box.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")   # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def runners(mod_new, mod_old, jobs, workers, timeout_s):
