@@ -5,13 +5,15 @@ reward, data curation, evaluation, the distillation gate) comes from here. Desig
 
 How it works (three layers, each testable alone):
   1. Build (instrument.py). `prepare_dut` parses the DUT with pyslang and writes an instrumented copy:
-     1-bit probe registers for block/branch/expression/FSM items, per-signal toggle monitors, and per scope (module body or
-     generate block) a `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
+     1-bit probe registers for block/branch/expression/FSM items, toggle monitoring (VPI callbacks,
+     vpi/toggle_cov.c, or per-signal Verilog monitors), and per scope (module body or generate block) a
+     `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
      never contains a newline, so file:line in messages is the ORIGINAL file and line. Cached by content hash.
      `check_testbench` pre-scans the testbench (cached per testbench+DUT+inst hash).
      `build_script`/`bwrap_argv` turn a run into argv lists.
-  2. Run. `run_job_dir` owns the one subprocess: ONE bubblewrap start per run running a tiny sh script
-     that sets resource limits, compiles (iverilog) and simulates (timeout -s INT ... vvp -n ... -none).
+  2. Run. `run_job_dir` hands the run to this process's persistent sh loop (`_Box`: ONE bubblewrap start
+     per process, i.e. per SimPool worker), which runs a tiny script in a subshell in the run's fresh
+     folder: resource limits, compile (iverilog), simulate (timeout -s INT ... vvp -n ... -none).
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
      below it (generate blocks, submodules), and computes metrics -> `SimResult`.
 
@@ -23,8 +25,9 @@ items (profile "imc"); profile "strict" adds branch. overall_covered_pct is item
 reward = 1 + overall/100 when status is ok, else 0 (so timeout and sim_time_limit earn 0, as the paper's
 harness fails a run that does not finish). For many runs keep one SimPool (workers start once).
 
-What the sandbox covers (when bubblewrap works): a fresh per-run directory is the only writable path
-(mounted at /sim); /usr is read-only; no /etc, /home, /proc or network; private pid/ipc/uts/user namespaces;
+What the sandbox covers (when bubblewrap works): the box's folder (mounted at /sim), holding only the
+current run's fresh folder and emptied between runs, is the only writable path (/ and /dev are remounted
+read-only, there is no /tmp); /usr is read-only; no /etc, /home, /proc or network; private pid/ipc/uts/user namespaces;
 all capabilities dropped; rlimits (set with the shell's ulimit builtins: the same limits prlimit sets, one
 process fewer) bound address space, CPU seconds, file size and open files; a timeout INSIDE the sandbox
 sends SIGINT so vvp runs `final` blocks and partial coverage survives; stdout/stderr are
