@@ -459,6 +459,7 @@ class _Box:
 
     def __init__(self, vpi_dir, sandboxed):
         self.key = (vpi_dir, sandboxed)
+        self.owner = os.getpid()          # a forked child must not share its parent's box
         self.root = tempfile.mkdtemp(prefix="chorus_simbox_")
         if sandboxed:
             argv, env = bwrap_argv(self.root, vpi_dir) + ["sh", "-c", self.DRIVER, "/sim"], None
@@ -497,6 +498,8 @@ _BOXES_LOCK = threading.Lock()
 
 def _take_box(vpi_dir, sandboxed):
     with _BOXES_LOCK:
+        if any(box.owner != os.getpid() for box in _BOXES):
+            _BOXES[:] = []                # forked: the parent's boxes are the parent's (it closes them)
         for i, box in enumerate(_BOXES):
             if box.key == (vpi_dir, sandboxed):
                 _BOXES.pop(i)
@@ -510,7 +513,9 @@ def _take_box(vpi_dir, sandboxed):
 def _close_boxes():
     with _BOXES_LOCK:
         while _BOXES:
-            _BOXES.pop().close()
+            box = _BOXES.pop()
+            if box.owner == os.getpid():
+                box.close()
 
 
 atexit.register(_close_boxes)
