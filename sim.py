@@ -4,14 +4,16 @@ flow (Cadence xrun -coverage all + IMC "Overall Average" of the `uut` row). Ever
 reward, data curation, evaluation, the distillation gate) comes from here. Design: docs/coverage.md.
 
 How it works (three layers, each testable alone):
-  1. Build. `prepare_dut` parses the DUT with pyslang and writes an instrumented copy: 1-bit probe registers
-     for block/branch/expression/FSM items, per-signal toggle monitors, and per scope (module body or
-     generate block) a `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
+  1. Build (instrument.py). `prepare_dut` parses the DUT with pyslang and writes an instrumented copy:
+     1-bit probe registers for block/branch/expression/FSM items, toggle monitoring (VPI callbacks,
+     vpi/toggle_cov.c, or per-signal Verilog monitors), and per scope (module body or generate block) a
+     `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
      never contains a newline, so file:line in messages is the ORIGINAL file and line. Cached by content hash.
      `check_testbench` pre-scans the testbench (cached per testbench+DUT+inst hash).
      `build_script`/`bwrap_argv` turn a run into argv lists.
-  2. Run. `run_job_dir` owns the one subprocess: ONE bubblewrap start per run running a tiny sh script
-     that sets resource limits, compiles (iverilog) and simulates (timeout -s INT ... vvp -n ... -none).
+  2. Run. `run_job_dir` hands the run to this process's persistent sh loop (`_Box`: ONE bubblewrap start
+     per process, i.e. per SimPool worker), which runs a tiny script in a subshell in the run's fresh
+     folder: resource limits, compile (iverilog), simulate (timeout -s INT ... vvp -n ... -none).
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
      below it (generate blocks, submodules), and computes metrics -> `SimResult`.
 
@@ -20,10 +22,12 @@ Metrics (metric_def_version 1; coverage.md "Metric definitions"): block, branch,
 zero-time glitches never count; the time-0 value is the starting value; X/Z transitions don't count),
 fsm (heuristic states + S->T transitions). overall_pct = mean over block, expression, toggle, fsm with
 items (profile "imc"); profile "strict" adds branch. overall_covered_pct is item weighted.
-reward = 1 + overall/100 when status is ok, else 0. For many runs keep one SimPool (workers start once).
+reward = 1 + overall/100 when status is ok, else 0 (so timeout and sim_time_limit earn 0, as the paper's
+harness fails a run that does not finish). For many runs keep one SimPool (workers start once).
 
-What the sandbox covers (when bubblewrap works): a fresh per-run directory is the only writable path
-(mounted at /sim); /usr is read-only; no /etc, /home, /proc or network; private pid/ipc/uts/user namespaces;
+What the sandbox covers (when bubblewrap works): the box's folder (mounted at /sim), holding only the
+current run's fresh folder and emptied between runs, is the only writable path (/ and /dev are remounted
+read-only, there is no /tmp); /usr is read-only; no /etc, /home, /proc or network; private pid/ipc/uts/user namespaces;
 all capabilities dropped; rlimits (set with the shell's ulimit builtins: the same limits prlimit sets, one
 process fewer) bound address space, CPU seconds, file size and open files; a timeout INSIDE the sandbox
 sends SIGINT so vvp runs `final` blocks and partial coverage survives; stdout/stderr are
@@ -53,7 +57,15 @@ Known gaps and deviations from docs/coverage.md:
   - Expression rows are evaluated locally per chain (not sensitised to the outer result); chains and
     ternaries whose terms contain calls, ++/-- or assignments are skipped. Continuous assignments are not
     blocks; their ternaries/chains are monitored by an always_comb (may see zero-time glitches).
-  - The VPI toggle backend (coverage.md 3.4) is not implemented; toggle uses in-HDL monitors only.
+  - Toggle backends: "vpi" (vpi/toggle_cov.c, value-change callbacks, built with iverilog-vpi at first use
+    and cached by content hash) where a C compiler exists, else "verilog" (one monitor process per signal);
+    identical results (tests/test_sim_backends.py, the VCD cross-check runs both). Both read the final
+    value at the end, so a change in the time step that calls $finish counts, as in a VCD.
+  - Simulated-time limit (ScoreConfig.sim_time_limit, in the testbench's time units): a watchdog module
+    compiled after the testbench (so it inherits its `timescale) waits the limit, then the next change on
+    any DUT top port ends the run with $finish -> status sim_time_limit, coverage kept, reward 0. A run
+    that runs out of events ends by itself as before; one that keeps running without touching the DUT's
+    ports is stopped by the wall-clock timeout only. A `timeunit` inside the tb module is not seen.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
@@ -69,6 +81,7 @@ Usage:
   python sim.py prepare --rtl A.sv [...] --top MODULE
 """
 import argparse
+import atexit
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -91,10 +104,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import pyslang
-from pyslang import syntax as S
+
+from instrument import (METRIC_DEF_VERSION, MAX_ERRORS, MAX_TB_BYTES, PRESCAN_CACHE_SIZE,  # noqa: F401
+                        Item, PreparedDUT, PrepareError, Scope, _short, check_testbench, run_defines,
+                        watchdog_source)
+import instrument
 
 SIM_PY_VERSION = "1.0"
-METRIC_DEF_VERSION = 1
+
+# simulated-time limit (ScoreConfig.sim_time_limit), in the testbench's own time units (its `timescale):
+# derived from the dev set's 48 reference testbenches, see results/sim.md "Simulated-time limit"
+SIM_TIME_LIMIT_DEFAULT = 1_000_000
 
 # result statuses, defined once
 OK = "ok"                           # ran, DUT instance found, coverage read
@@ -103,10 +123,11 @@ COMPILE_ERROR = "compile_error"     # iverilog failed (or the DUT could not be p
 RUNTIME_ERROR = "runtime_error"     # vvp exited non-zero or was killed (memory, CPU, $fatal)
 TIMEOUT = "timeout"                 # wall-clock limit hit; SIGINT ran `final`, partial coverage kept
 OUTPUT_LIMIT = "output_limit"       # printed more than output_cap_bytes; stopped with SIGINT
+SIM_TIME_LIMIT = "sim_time_limit"   # still driving the DUT after sim_time_limit; stopped, coverage kept
 NO_DUT_INSTANCE = "no_dut_instance"  # coverage records exist but none under <tbtop>.<inst>
 NO_COVERAGE = "no_coverage"         # no probe records at all, or the DUT instance has no items
 INTERNAL_ERROR = "internal_error"   # a bug or environment problem in the scorer itself
-STATUSES = (OK, REJECTED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, NO_DUT_INSTANCE,
+STATUSES = (OK, REJECTED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, OUTPUT_LIMIT, SIM_TIME_LIMIT, NO_DUT_INSTANCE,
             NO_COVERAGE, INTERNAL_ERROR)
 
 METRICS = ("block", "branch", "expression", "toggle", "fsm")
@@ -114,24 +135,19 @@ PROFILES = {"imc": ("block", "expression", "toggle", "fsm"),          # IMC "Ove
             "strict": ("block", "branch", "expression", "toggle", "fsm")}
 
 LOG_KEEP_BYTES = 8 << 10        # head and tail of the combined log kept in the result
-MAX_ERRORS = 30                 # errors kept in a result
 MAX_UNCOVERED = 400             # uncovered items kept in a result (most useful first)
-MAX_TB_BYTES = 1 << 20          # a testbench larger than this is rejected
 FSIZE_LIMIT = 256 << 20         # RLIMIT_FSIZE: largest file a run may write
 NOFILE_LIMIT = 256              # RLIMIT_NOFILE: open files
 KILL_AFTER_S = 3                # timeout -k: SIGKILL this long after SIGINT
 BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeouts
-PREPARE_CACHE_SIZE = 128        # prepared DUTs kept per process
-PRESCAN_CACHE_SIZE = 512        # pre-scan results kept per process (keyed by testbench + DUT + inst)
-# pure system functions allowed inside re-evaluated expression terms (everything else is skipped)
-PURE_SYSTEM_FUNCS = {"$signed", "$unsigned", "$clog2", "$bits", "$countones", "$onehot", "$onehot0",
-                     "$isunknown", "$size", "$high", "$low", "$left", "$right"}
 
 
 @dataclass(frozen=True)
 class ScoreConfig:
     profile: str = "imc"                # "imc": overall = block, expression, toggle, fsm; "strict": + branch
     timeout_s: float = 20.0             # simulation wall clock (inside the sandbox, SIGINT keeps coverage)
+    sim_time_limit: int = SIM_TIME_LIMIT_DEFAULT  # simulated time, in the testbench's time units (0: off)
+    toggle_backend: str = "auto"        # "auto": "vpi" where vpi/toggle_cov.c builds, else "verilog"
     compile_timeout_s: float = 30.0     # iverilog wall clock
     mem_limit_mb: int = 4096            # RLIMIT_AS per process (ulimit -v)
     output_cap_bytes: int = 16 << 20    # total stdout+stderr bytes before output_limit
@@ -149,6 +165,8 @@ class SimResult:
     compile_ok: bool = False
     sim_finished: bool = False          # vvp ended by itself ($finish/$stop/$fatal/empty event queue)
     timed_out: bool = False
+    sim_time_limited: bool = False      # stopped by the simulated-time limit (status sim_time_limit)
+    sim_time: int | None = None         # simulated time at the end, in the testbench's time units
     exit_code: int | None = None
     metrics: dict = field(default_factory=dict)       # {metric: {covered, total, pct}}
     overall_pct: float | None = None
@@ -174,14 +192,6 @@ class SimResult:
     def from_dict(cls, d):
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-class PrepareError(Exception):
-    """The DUT cannot be parsed or instrumented (message is one line; .errors has details)."""
-
-    def __init__(self, msg, errors=()):
-        super().__init__(msg)
-        self.errors = list(errors)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -242,973 +252,71 @@ def _check_job(job):
         raise ValueError(f"job {job.get('id', '?')!r}: instance name {job['inst']!r} is not a simple identifier")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Build, part 1: instrument the DUT (pyslang syntax tree -> text edits -> instrumented copy)
-
-@dataclass
-class Item:
-    metric: str             # block | branch | expression | fsm
-    kind: str               # block, if_true, if_false, case_item, default, ternary_true, ..., row, state, transition
-    file: str
-    line: int
-    detail: str
-    probe: int              # index of the probe register in its scope
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class Scope:
-    sid: int
-    module: str
-    kind: str               # "module" | "generate"
-    file: str
-    line: int
-    items: list = field(default_factory=list)
-    probes: list = field(default_factory=list)     # probe register names, in record order
-    signals: dict = field(default_factory=dict)    # name -> {line, dims, excluded}
-    comb: list = field(default_factory=list)       # probe statements for continuous assigns
-    tail: list = field(default_factory=list)       # extra text placed before the scope end
-    cases: list = field(default_factory=list)      # FSM candidates: (var, labels, item nodes, line)
-    assigns: list = field(default_factory=list)    # (lhs name, rhs node) of procedural assignments
-    port_dirs: dict = field(default_factory=dict)
-
-
-@dataclass
-class PreparedDUT:
-    key: str
-    top: str
-    nonce: str
-    files: list             # [{name, content}] instrumented, same names as the originals
-    scopes: list            # Scope per module body / generate block (items without syntax nodes)
-    modules: list           # module names defined by the DUT files
-    notes: list
-    prepare_s: float
-
-
-_PREPARE_CACHE = {}
 
 
 def prepare_dut(rtl_files, top, cfg=None):
-    """Parse and instrument the DUT once (cached per process by content hash); raises PrepareError."""
+    """Parse and instrument the DUT once (instrument.py; cached per process by content hash); raises
+    PrepareError."""
     cfg = cfg or ScoreConfig()
-    h = hashlib.sha256()
-    for f in rtl_files:
-        h.update(f["name"].encode() + b"\0" + f["content"].encode() + b"\0")
-    h.update(f"{top}|{cfg.toggle_ints}|{cfg.toggle_enums}|{cfg.assign_blocks}|{METRIC_DEF_VERSION}".encode())
-    key = h.hexdigest()
-    if key in _PREPARE_CACHE:
-        return _PREPARE_CACHE[key]
-    t0 = time.perf_counter()
-    prepared = _instrument(rtl_files, top, cfg, key)
-    prepared.prepare_s = time.perf_counter() - t0
-    if len(_PREPARE_CACHE) >= PREPARE_CACHE_SIZE:
-        _PREPARE_CACHE.pop(next(iter(_PREPARE_CACHE)))
-    _PREPARE_CACHE[key] = prepared
-    return prepared
-
-
-_INCLUDE_RE = re.compile(rb"`include\b[^\n]*")
-
-
-def _blank_includes(data):
-    """Replace `include directives by spaces (same byte length), so pyslang never reads another file."""
-    return _INCLUDE_RE.sub(lambda m: b" " * len(m.group(0)), data)
-
-
-def _nodes(seq):
-    return [c for c in (seq or []) if isinstance(c, S.SyntaxNode)]
-
-
-def _kind(node):
-    return node.kind.name
-
-
-def _tokens(node):
-    out = []
-
-    def rec(n):
-        for c in n:
-            if isinstance(c, S.SyntaxNode):
-                rec(c)
-            elif c is not None and not c.isMissing:
-                out.append(c)
-    rec(node)
-    return out
-
-
-def _text(node):
-    """Source text of a node rebuilt from its tokens on ONE line (comments and newlines dropped)."""
-    parts = []
-    for i, tok in enumerate(_tokens(node)):
-        if i and tok.trivia:
-            parts.append(" ")
-        parts.append(tok.rawText)
-    return "".join(parts)
-
-
-def _short(text, n=80):
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[:n - 3] + "..."
-
-
-@dataclass
-class _Ctx:
-    """State of one instrumentation pass (the edit lists, scopes and name tables)."""
-    sm: object
-    buf_file: dict           # buffer id -> file index
-    names: list              # file names
-    edits: list              # per file: [(offset, order, seq, text, delete_end)]
-    nonce: str
-    cfg: ScoreConfig
-    constants: set           # parameter / localparam / enum member names (FSM labels)
-    typedefs: dict           # typedef name -> ("vector", dims) | ("enum", dims) | ("other", None)
-    scopes: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    seq: int = 0
-
-
-def _loc(ctx, loc):
-    """(file index, byte offset) of a location in one of the DUT files, or None (macro/include)."""
-    if loc is None or not ctx.sm.isFileLoc(loc):
-        return None
-    fi = ctx.buf_file.get(loc.buffer)
-    return None if fi is None else (fi, loc.offset)
-
-
-def _start(ctx, node):
-    tok = node.getFirstToken()
-    return _loc(ctx, tok.location) if tok is not None else None
-
-
-def _end(ctx, node):
-    tok = node.getLastToken()
-    if tok is None:
-        return None
-    loc = _loc(ctx, tok.location)
-    return None if loc is None else (loc[0], loc[1] + len(tok.rawText.encode()))
-
-
-def _line(ctx, node):
-    tok = node.getFirstToken()
-    loc = ctx.sm.getFullyOriginalLoc(tok.location)
-    return ctx.sm.getLineNumber(loc)
-
-
-def _note(ctx, msg):
-    if msg not in ctx.notes:
-        ctx.notes.append(msg)
-
-
-def _edit(ctx, pos, text, close_depth=None, delete_end=None):
-    """Queue an insertion at pos=(file, offset). At one offset, closing texts (the end of a wrapper, an
-    implicit else, a scope tail) come first, deepest syntax node first; then openings in call order. So
-    nested wrappers nest. Never inserts a newline: instrumented lines stay aligned with the original."""
-    assert "\n" not in text and "\r" not in text, "instrumentation text must stay on one line"
-    ctx.seq += 1
-    key = (0, -close_depth, -ctx.seq) if close_depth is not None else (1, ctx.seq, 0)
-    ctx.edits[pos[0]].append((pos[1], key, text, delete_end))
-
-
-def _depth(node):
-    d = 0
-    while node.parent is not None:
-        node, d = node.parent, d + 1
-    return d
-
-
-def _apply_edits(data, edits):
-    out, cur = [], 0
-    for off, _, text, delete_end in sorted(edits, key=lambda e: (e[0], e[1])):
-        if off < cur:
-            raise PrepareError(f"internal: overlapping instrumentation edits at byte {off}")
-        out.append(data[cur:off])
-        out.append(text.encode())
-        cur = delete_end if delete_end is not None else off
-    out.append(data[cur:])
-    return b"".join(out)
-
-
-def _new_probe(ctx, sc, metric, kind, node, detail, **extra):
-    """A new probe register + its item; returns the statement that sets it."""
-    name = f"__cv{ctx.nonce}p{sc.sid}_{len(sc.probes)}"
-    sc.probes.append(name)
-    sc.items.append(Item(metric, kind, sc.file, _line(ctx, node), detail, len(sc.probes) - 1, extra))
-    return f"{name} = 1'b1; "
-
-
-def _share_probe(ctx, sc, metric, kind, node, detail, **extra):
-    """An extra item (e.g. the branch item of an if arm) that shares the most recent probe."""
-    sc.items.append(Item(metric, kind, sc.file, _line(ctx, node), detail, len(sc.probes) - 1, extra))
-
-
-def _instrument(rtl_files, top, cfg, key):
-    sm = pyslang.SourceManager()
-    names, datas, bufs = [], [], []
-    for i, f in enumerate(rtl_files):
-        name = os.path.basename(f["name"])
-        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name) or name in names or name.startswith("."):
-            raise PrepareError(f"unusable RTL file name {f['name']!r} (letters, digits, _.+- only, unique)")
-        data = f["content"].encode("utf-8")
-        names.append(name)
-        datas.append(data)
-        bufs.append(sm.assignText(name, _blank_includes(data).decode("utf-8")))
-    tree = S.SyntaxTree.fromBuffers(bufs, sm)
-    engine = pyslang.DiagnosticEngine(sm)
-    errors = [_diag(engine, sm, d) for d in tree.diagnostics if d.isError()]
-    if errors:
-        e = errors[0]
-        raise PrepareError(f"DUT does not parse: {e['file']}:{e['line']}: {e['msg']}", errors)
-    ctx = _Ctx(sm=sm, buf_file={b.id: i for i, b in enumerate(bufs)}, names=names,
-               edits=[[] for _ in names], nonce=key[:6], cfg=cfg, constants=set(), typedefs={})
-    for i, data in enumerate(datas):
-        if _INCLUDE_RE.search(data):
-            _note(ctx, f"{names[i]}: `include'd code is not instrumented")
-    _collect_names(ctx, tree.root)
-    modules = []
-    for m in _iter_modules(tree.root):
-        modules.append(m.header.name.valueText)
-        _module(ctx, m)
-    if top not in modules:
-        raise PrepareError(f"top module {top!r} is not defined in the RTL files (found: {', '.join(modules) or 'none'})")
-    files = [{"name": n, "content": _apply_edits(d, e).decode("utf-8")} for n, d, e in zip(names, datas, ctx.edits)]
-    for sc in ctx.scopes:      # drop syntax nodes: PreparedDUT must pickle and stay small
-        sc.cases, sc.assigns, sc.comb, sc.tail = [], [], [], []
-    return PreparedDUT(key=key, top=top, nonce=ctx.nonce, files=files, scopes=ctx.scopes, modules=modules,
-                       notes=ctx.notes, prepare_s=0.0)
-
-
-def _diag(engine, sm, d, source="pyslang"):
-    loc = d.location
-    try:
-        line, col, fname = sm.getLineNumber(loc), sm.getColumnNumber(loc), sm.getFileName(loc)
-    except Exception:    # a diagnostic without a usable location: keep the message, say so
-        line, col, fname = 0, 0, "?"
-    return {"source": source, "file": fname, "line": line, "col": col, "msg": engine.formatMessage(d)}
-
-
-def _iter_modules(root):
-    for m in _nodes(root.members):
-        if _kind(m) == "ModuleDeclaration":
-            yield m
-
-
-def _collect_names(ctx, root):
-    """Parameter/localparam/enum-member names (FSM state constants) and typedefs, over all files."""
-    def rec(n):
-        k = _kind(n)
-        if k == "ParameterDeclaration":
-            for d in _nodes(n.declarators):
-                ctx.constants.add(d.name.valueText)
-        elif k == "EnumType":
-            for d in _nodes(n.members):
-                ctx.constants.add(d.name.valueText)
-        elif k == "TypedefDeclaration":
-            t = n.type
-            if _kind(t) == "EnumType":
-                base = t.baseType
-                dims = _dims_text(base) if base is not None and _kind(base) in ("LogicType", "RegType", "BitType") else None
-                ctx.typedefs[n.name.valueText] = ("enum", dims if dims is not None else "[31:0]")
-            elif _kind(t) in ("LogicType", "RegType", "BitType") and not _nodes(n.dimensions):
-                ctx.typedefs[n.name.valueText] = ("vector", _dims_text(t))
-            else:
-                ctx.typedefs[n.name.valueText] = ("other", None)
-        for c in n:
-            if isinstance(c, S.SyntaxNode):
-                rec(c)
-    rec(root)
-
-
-def _dims_text(type_node):
-    dims = _nodes(getattr(type_node, "dimensions", None))
-    return "".join(_text(d) for d in dims)
-
-
-INT_WIDTHS = {"IntType": "[31:0]", "IntegerType": "[31:0]", "ShortIntType": "[15:0]",
-              "LongIntType": "[63:0]", "ByteType": "[7:0]"}
-PROCEDURAL = {"AlwaysBlock", "AlwaysCombBlock", "AlwaysFFBlock", "AlwaysLatchBlock", "InitialBlock"}
-
-
-def _module(ctx, m):
-    name = m.header.name.valueText
-    start = _end(ctx, m.header)
-    end = _loc(ctx, m.endmodule.location)
-    if start is None or end is None:
-        _note(ctx, f"module {name}: produced by a macro, not instrumented")
-        return
-    sc = Scope(sid=len(ctx.scopes), module=name, kind="module", file=ctx.names[start[0]], line=_line(ctx, m))
-    ctx.scopes.append(sc)
-    ports = m.header.ports
-    if ports is not None and _kind(ports) == "AnsiPortList":
-        prev = None
-        for p in _nodes(ports.ports):
-            if _kind(p) != "ImplicitAnsiPort":
-                _note(ctx, f"module {name}: explicit/interface ports are not toggle-scored")
-                continue
-            hdr = p.header
-            if _kind(hdr) == "InterfacePortHeader":
-                continue
-            empty = (not _text(hdr).strip())
-            if empty and prev is not None:      # `input logic [7:0] a, b`: b inherits a's header
-                hdr = prev
-            prev = hdr
-            direction = hdr.direction.valueText if getattr(hdr, "direction", None) is not None else ""
-            _add_signal(ctx, sc, hdr.dataType, p.declarator, direction)
-    for it in _nodes(m.members):           # `timeunit`/`timeprecision` must stay the first items
-        if _kind(it) != "TimeUnitsDeclaration":
-            break
-        start = _end(ctx, it) or start
-    _scope_members(ctx, sc, m.members)
-    _finish_scope(ctx, sc, start, end)
-
-
-def _scope_members(ctx, sc, members):
-    for it in _nodes(members):
-        _member(ctx, sc, it)
-
-
-def _member(ctx, sc, it):
-    k = _kind(it)
-    if k in PROCEDURAL:
-        if _kind(it.statement) == "TimingControlStatement":     # `always @(...) body`: the body is the block
-            _compound(ctx, sc, it.statement)
-        else:
-            _arm(ctx, sc, it.statement, "block", it.keyword.valueText, None)
-    elif k == "ContinuousAssign":
-        if ctx.cfg.assign_blocks:       # optional: an elaborated continuous assign counts as a covered block
-            sc.tail.append(f"initial begin {_new_probe(ctx, sc, 'block', 'assign', it, 'continuous assign')}end ")
-        for a in _nodes(it.assignments):
-            right = getattr(a, "right", None)
-            if right is not None:
-                sc.comb.append(_expr_probes(ctx, sc, right))
-    elif k == "NetDeclaration":
-        for d in _nodes(it.declarators):
-            _add_signal(ctx, sc, it.type, d, "")
-            if d.initializer is not None:
-                sc.comb.append(_expr_probes(ctx, sc, d.initializer.expr))
-    elif k == "DataDeclaration":
-        for d in _nodes(it.declarators):
-            _add_signal(ctx, sc, it.type, d, "")
-    elif k == "PortDeclaration":
-        hdr = it.header
-        if _kind(hdr) != "InterfacePortHeader":
-            direction = hdr.direction.valueText if getattr(hdr, "direction", None) is not None else ""
-            for d in _nodes(it.declarators):
-                _add_signal(ctx, sc, hdr.dataType, d, direction)
-    elif k == "GenerateRegion":
-        _scope_members(ctx, sc, it.members)
-    elif k == "LoopGenerate":
-        _gen_body(ctx, sc, it.block)
-    elif k == "IfGenerate":
-        _gen_body(ctx, sc, it.block)
-        if it.elseClause is not None:
-            _gen_body(ctx, sc, it.elseClause.clause)
-    elif k == "CaseGenerate":
-        for ci in _nodes(it.items):
-            _gen_body(ctx, sc, ci.clause)
-    elif k == "GenerateBlock":
-        _gen_body(ctx, sc, it)
-    elif k in ("FunctionDeclaration", "TaskDeclaration"):
-        _note(ctx, f"module {sc.module}: functions/tasks are not instrumented")
-
-
-def _gen_body(ctx, parent, node):
-    k = _kind(node)
-    if k in ("IfGenerate", "CaseGenerate", "LoopGenerate"):
-        _member(ctx, parent, node)
-        return
-    sc = Scope(sid=len(ctx.scopes), module=parent.module, kind="generate", file=parent.file, line=_line(ctx, node))
-    sc.port_dirs = parent.port_dirs
-    if k == "GenerateBlock":
-        start = _end(ctx, node.beginName) if node.beginName is not None else _end_tok(ctx, node.begin)
-        end = _loc(ctx, node.end.location)
-        if start is None or end is None:
-            _note(ctx, f"module {parent.module}: generate block from a macro, not instrumented")
-            return
-        ctx.scopes.append(sc)
-        _scope_members(ctx, sc, node.members)
-        _finish_scope(ctx, sc, start, end)
-    else:                       # a single generate item without begin/end: wrap it so it is its own scope
-        start, end = _start(ctx, node), _end(ctx, node)
-        if start is None or end is None:
-            _note(ctx, f"module {parent.module}: generate item from a macro, not instrumented")
-            return
-        ctx.scopes.append(sc)
-        _edit(ctx, start, "begin ")
-        _member(ctx, sc, node)
-        _finish_scope(ctx, sc, start, end, closing_text=" end")
-
-
-def _end_tok(ctx, tok):
-    loc = _loc(ctx, tok.location)
-    return None if loc is None else (loc[0], loc[1] + len(tok.rawText.encode()))
-
-
-def _add_signal(ctx, sc, type_node, decl, direction):
-    """Record a toggle-scored signal (scalar / packed vector) declared in this scope."""
-    name = decl.name.valueText
-    if not name:
-        return
-    if direction:
-        sc.port_dirs[name] = direction
-    if _nodes(decl.dimensions):
-        sc.signals[name] = {"line": _line(ctx, decl), "dims": None, "why": "unpacked array", "ranged": False}
-        return
-    k = _kind(type_node) if type_node is not None else "ImplicitType"
-    dtype, why = None, None          # dtype: how to declare the monitor registers (same packed shape)
-    if k in ("LogicType", "RegType", "BitType", "ImplicitType"):
-        dtype = "reg " + _dims_text(type_node)
-    elif k in INT_WIDTHS:
-        if ctx.cfg.toggle_ints:
-            dtype = "reg " + INT_WIDTHS[k] + _dims_text(type_node)
-        else:
-            why = "int family"
-    elif k == "NamedType":
-        text = _text(type_node)
-        td = ctx.typedefs.get(text.split("::")[-1])
-        if td is None or td[0] == "other":
-            why = "user type"
-        elif td[0] == "enum":
-            dtype, why = ("reg " + td[1], None) if ctx.cfg.toggle_enums else (None, "enum")
-        else:
-            dtype = text             # a typedef of a plain vector: declare the monitors with that type
-    elif k == "EnumType":
-        why = "enum"
-        if ctx.cfg.toggle_enums:
-            base = type_node.baseType
-            dtype, why = "reg " + (_dims_text(base) if base is not None else "[31:0]"), None
-    else:
-        why = k
-    ranged = dtype is not None and dtype.strip() != "reg"
-    old = sc.signals.get(name)
-    if old is not None and old["dims"] is not None and (dtype is None or (old["ranged"] and not ranged)):
-        return       # non-ANSI `output [3:0] q; reg [3:0] q;` / `output q; reg [3:0] q;`: keep the ranged one
-    sc.signals[name] = {"line": _line(ctx, decl), "dims": dtype, "why": why, "ranged": ranged}
-
-
-# --- statements ------------------------------------------------------------------------------------------
-
-SIMPLE_STMTS = {"ExpressionStatement", "EmptyStatement", "ProceduralAssignStatement", "ProceduralForceStatement",
-                "ProceduralReleaseStatement", "ProceduralDeassignStatement", "BlockingEventTriggerStatement",
-                "NonblockingEventTriggerStatement", "DisableStatement", "DisableForkStatement", "JumpStatement",
-                "ReturnStatement", "VoidCastedCallStatement", "WaitForkStatement", "ImmediateAssertStatement",
-                "ImmediateAssumeStatement", "ImmediateCoverStatement"}
-DECL_ITEMS = {"DataDeclaration", "NetDeclaration", "ParameterDeclarationStatement", "TypedefDeclaration",
-              "LocalVariableDeclaration", "PackageImportDeclaration", "LetDeclaration", "PortDeclaration"}
-
-
-def _arm(ctx, sc, stmt, kind, detail, branch_kind, label=None):
-    """Instrument a statement that is the whole body of an if/else arm, case item, loop, timing control or
-    process: it starts a block (and maybe a branch item sharing the probe). Wraps it in begin/end if needed."""
-    start, end = _start(ctx, stmt), _end(ctx, stmt)
-    if start is None or end is None:
-        _note(ctx, f"module {sc.module}: a macro-expanded statement (line {_line(ctx, stmt)}) is not instrumented")
-        return
-    extra = {"label": label} if label is not None else {}
-    probe = _new_probe(ctx, sc, "block", kind, stmt, detail, **extra)
-    if branch_kind:
-        _share_probe(ctx, sc, "branch", branch_kind, stmt, detail, **extra)
-    k = _kind(stmt)
-    if k == "SequentialBlockStatement":
-        items = _nodes(stmt.items)
-        first = next((i for i in items if _kind(i) not in DECL_ITEMS), None)
-        at = _start(ctx, first) if first is not None else _loc(ctx, stmt.end.location)
-        if at is None:
-            _note(ctx, f"module {sc.module}: a macro-expanded statement (line {_line(ctx, stmt)}) is not instrumented")
-            return
-        _edit(ctx, at, probe)
-        _seq(ctx, sc, items, False)
-    elif k == "EmptyStatement":      # `default: ;` -> `default: begin probe end` (replace, don't prefix)
-        _edit(ctx, start, f"begin {probe}end", delete_end=end[1])
-    else:
-        _edit(ctx, start, "begin " + probe + _pre(ctx, sc, stmt))
-        _edit(ctx, end, " end", close_depth=_depth(stmt))
-        _compound(ctx, sc, stmt)
-
-
-def _seq(ctx, sc, items, new_block):
-    """Walk the statements of a begin/end; returns whether the statement after it starts a new block."""
-    for st in items:
-        if _kind(st) in DECL_ITEMS:
-            continue
-        at = _start(ctx, st)
-        if at is None:
-            _note(ctx, f"module {sc.module}: a macro-expanded statement (line {_line(ctx, st)}) is not instrumented")
-            continue
-        text = ""
-        if new_block:
-            text = _new_probe(ctx, sc, "block", "block", st, "statements after a compound statement")
-        text += _pre(ctx, sc, st)
-        if text:
-            _edit(ctx, at, text)
-        new_block = _compound(ctx, sc, st)
-    return new_block
-
-
-def _compound(ctx, sc, st):
-    """Instrument the arms inside statement st; returns whether the next statement starts a new block."""
-    k = _kind(st)
-    if k in SIMPLE_STMTS:
-        return False
-    if k == "SequentialBlockStatement":
-        return _seq(ctx, sc, _nodes(st.items), False)
-    if k == "ConditionalStatement":
-        cond = _text(st.predicate)
-        _arm(ctx, sc, st.statement, "if_true", f"if ({_short(cond, 60)})", "if_true")
-        if st.elseClause is not None:
-            _arm(ctx, sc, st.elseClause.clause, "if_false", f"else of if ({_short(cond, 60)})", "if_false")
-        else:
-            end = _end(ctx, st.statement)
-            if end is not None:
-                probe = _new_probe(ctx, sc, "branch", "if_false", st, f"implicit else of if ({_short(cond, 60)})")
-                _edit(ctx, end, f" else begin {probe}end", close_depth=_depth(st) + 0.5)
-        return True
-    if k == "CaseStatement":
-        if st.matchesOrInside is not None and st.matchesOrInside.valueText:
-            _note(ctx, f"module {sc.module}: case-inside/matches at line {_line(ctx, st)} is not instrumented")
-            return True
-        expr = _text(st.expr)
-        labels_all = []
-        has_default = False
-        for ci in _nodes(st.items):
-            if _kind(ci) == "DefaultCaseItem":
-                has_default = True
-                _arm(ctx, sc, ci.clause, "default", f"case ({_short(expr, 40)}) default", "default", label="default")
-            elif _kind(ci) == "StandardCaseItem":
-                labels = [_text(e) for e in _nodes(ci.expressions)]
-                labels_all.append((labels, ci))
-                lab = ", ".join(labels)
-                _arm(ctx, sc, ci.clause, "case_item", f"case ({_short(expr, 40)}) item {_short(lab, 40)}",
-                     "case_item", label=lab)
-        if not has_default:
-            at = _loc(ctx, st.endcase.location)
-            if at is not None:
-                probe = _new_probe(ctx, sc, "branch", "default", st, f"case ({_short(expr, 40)}) implicit default",
-                                   label="default")
-                _edit(ctx, at, f"default: begin {probe}end ")
-        if _kind(st.expr) == "IdentifierName":
-            sc.cases.append((st.expr.identifier.valueText, labels_all, _line(ctx, st)))
-        return True
-    if k in ("LoopStatement", "ForLoopStatement", "ForeverStatement", "DoWhileStatement", "ForeachLoopStatement"):
-        _arm(ctx, sc, st.statement, "loop_body", f"loop body ({_short(_text(st), 50)})", None)
-        return True
-    if k in ("TimingControlStatement", "WaitStatement"):
-        inner = st.statement
-        if inner is None or _kind(inner) == "EmptyStatement":
-            return True           # `#5;` / `@(e);` / `wait (c);`: the next statement starts a new block
-        timing = _text(st.timingControl) if k == "TimingControlStatement" else f"wait ({_text(st.expr)})"
-        _arm(ctx, sc, inner, "block", f"after {_short(timing, 50)}", None)
-        return _kind(inner) not in SIMPLE_STMTS
-    if k == "ParallelBlockStatement":
-        for it in _nodes(st.items):
-            if _kind(it) not in DECL_ITEMS:
-                _arm(ctx, sc, it, "block", "fork branch", None)
-        return True
-    _note(ctx, f"module {sc.module}: statement kind {k} (line {_line(ctx, st)}) is not instrumented")
-    return True
-
-
-def _pre(ctx, sc, st):
-    """Probe statements evaluated just before statement st: ternary arms and &&/|| rows of its own
-    expressions (assignment right-hand sides, if conditions). Also records assignments for FSM extraction."""
-    k = _kind(st)
-    if k == "ExpressionStatement":
-        e = st.expr
-        if _kind(e).endswith("AssignmentExpression") and _kind(e) != "AssignmentPatternExpression":
-            if _kind(e.left) == "IdentifierName":
-                sc.assigns.append((e.left.identifier.valueText, e.right))
-            return _expr_probes(ctx, sc, e.right)
-        return ""
-    if k == "ConditionalStatement":
-        return "".join(_expr_probes(ctx, sc, c.expr) for c in _nodes(st.predicate.conditions)
-                       if _kind(c) == "ConditionalPattern" and c.matchesClause is None)
-    return ""
-
-
-# --- expressions ------------------------------------------------------------------------------------------
-
-def _unsafe(node):
-    """Why re-evaluating this expression before its statement would be wrong or costly (else None)."""
-    k = _kind(node)
-    if k == "InvocationExpression":
-        left = node.left
-        if not (_kind(left) == "SystemName" and left.systemIdentifier.valueText in PURE_SYSTEM_FUNCS):
-            return "call"
-    if k in ("PostincrementExpression", "PostdecrementExpression", "UnaryPreincrementExpression",
-             "UnaryPredecrementExpression") or (k.endswith("AssignmentExpression") and k != "AssignmentPatternExpression"):
-        return "side effect"
-    if k == "SystemName" and node.systemIdentifier.valueText not in PURE_SYSTEM_FUNCS:
-        return "system function"
-    for c in node:
-        if isinstance(c, S.SyntaxNode):
-            why = _unsafe(c)
-            if why:
-                return why
-    return None
-
-
-def _expr_probes(ctx, sc, expr):
-    out = []
-    _ternaries(ctx, sc, expr, [], out)
-    _chains(ctx, sc, expr, out)
-    return "".join(out)
-
-
-def _ternaries(ctx, sc, node, guards, out):
-    if _kind(node) == "ConditionalExpression":
-        conds = [c for c in _nodes(node.predicate.conditions)]
-        if len(conds) == 1 and _kind(conds[0]) == "ConditionalPattern" and guards is not None \
-                and not _unsafe(conds[0].expr):
-            c = _text(conds[0].expr)
-            g = "".join(f"({x}) && " for x in guards)
-            pt = _new_probe(ctx, sc, "branch", "ternary_true", node, f"({_short(c, 50)}) ? ... true arm")
-            pf = _new_probe(ctx, sc, "branch", "ternary_false", node, f"({_short(c, 50)}) ? ... false arm")
-            out.append(f"if ({g}({c})) {pt}if ({g}!({c})) {pf}")
-            _ternaries(ctx, sc, conds[0].expr, guards, out)
-            _ternaries(ctx, sc, node.left, guards + [c], out)
-            _ternaries(ctx, sc, node.right, guards + [f"!({c})"], out)
-        else:
-            _note(ctx, f"module {sc.module}: a ternary at line {_line(ctx, node)} is not instrumented (calls/side effects)")
-            for c in conds:
-                _ternaries(ctx, sc, c, None, out)
-            _ternaries(ctx, sc, node.left, None, out)
-            _ternaries(ctx, sc, node.right, None, out)
-        return
-    for c in node:
-        if isinstance(c, S.SyntaxNode):
-            _ternaries(ctx, sc, c, guards, out)
-
-
-def _flatten(node, k):
-    if _kind(node) == k:
-        return _flatten(node.left, k) + _flatten(node.right, k)
-    return [node]
-
-
-def _chains(ctx, sc, node, out, parent_kind=None):
-    k = _kind(node)
-    if k in ("LogicalAndExpression", "LogicalOrExpression") and parent_kind != k:
-        terms = _flatten(node, k)
-        if any(_unsafe(t) for t in terms):
-            _note(ctx, f"module {sc.module}: an &&/|| chain at line {_line(ctx, node)} is not instrumented (calls/side effects)")
-        else:
-            texts = [_text(t) for t in terms]
-            chain = _short(_text(node), 80)
-            op_true = k == "LogicalAndExpression"     # &&: rows are "all 1" and "term i 0, others 1"
-            base = [f"({t})" if op_true else f"!({t})" for t in texts]
-            rows = [("all terms 1" if op_true else "all terms 0", base)]
-            for i, t in enumerate(texts):
-                flipped = list(base)
-                flipped[i] = f"!({t})" if op_true else f"({t})"
-                rows.append((f"{_short(t, 30)}={'0' if op_true else '1'} while others {'1' if op_true else '0'}",
-                             flipped))
-            for desc, conds in rows:
-                probe = _new_probe(ctx, sc, "expression", "row", node, f"`{chain}`: {desc}", expr=chain, row=desc)
-                out.append(f"if ({' && '.join(conds)}) {probe}")
-        for t in terms:
-            _chains(ctx, sc, t, out, k)
-        return
-    for c in node:
-        if isinstance(c, S.SyntaxNode):
-            _chains(ctx, sc, c, out, k)
-
-
-# --- scope end: FSM monitors, toggle monitors, the final block --------------------------------------------
-
-def _fsm(ctx, sc):
-    """Heuristic FSM extraction (coverage.md 3.5): case (X) with identifier labels + constant assignments
-    to X or its next-state variable. Returns monitor text; adds state/transition items."""
-    by_var = {}
-    for var, labels_all, line in sc.cases:
-        by_var.setdefault(var, []).append((labels_all, line))
-    text = []
-    for var, cases in by_var.items():
-        if sc.port_dirs.get(var, "") in ("input", "inout"):
-            continue
-        labels = []
-        for labels_all, _ in cases:
-            for labs, _ci in labels_all:
-                labels.extend(labs)
-        if len(set(labels)) < 2 or any(lab not in ctx.constants for lab in labels):
-            continue
-        nexts = {rhs.identifier.valueText for lhs, rhs in sc.assigns
-                 if lhs == var and _kind(rhs) == "IdentifierName" and rhs.identifier.valueText not in ctx.constants}
-        targets = {var} | nexts
-        trans = []
-        for labels_all, _ in cases:
-            for labs, ci in labels_all:
-                for c in _assigned_constants(ctx, ci.clause, targets):
-                    for lab in labs:
-                        if c != lab and (lab, c) not in trans:
-                            trans.append((lab, c))
-        if not trans:
-            continue
-        states = list(dict.fromkeys(labels))
-        for lhs, rhs in sc.assigns:
-            if lhs in targets:
-                for c in _constants_of(ctx, rhs):
-                    if c not in states:
-                        states.append(c)
-        for a, b in trans:
-            for s in (a, b):
-                if s not in states:
-                    states.append(s)
-        line = cases[0][1]
-        cur, nxt = f"__cv{ctx.nonce}f{sc.sid}_{len(sc.probes)}c", f"__cv{ctx.nonce}f{sc.sid}_{len(sc.probes)}n"
-        body = [f"{nxt} = -1; "]
-        for i, s in enumerate(states):
-            name = f"__cv{ctx.nonce}p{sc.sid}_{len(sc.probes)}"
-            sc.probes.append(name)
-            sc.items.append(Item("fsm", "state", sc.file, line, f"FSM {var}: state {s} never reached", len(sc.probes) - 1,
-                                 {"fsm_var": var, "state": s}))
-            body.append(f"if ({var} === {s}) begin {name} = 1'b1; {nxt} = {i}; end ")
-        for a, b in trans:
-            name = f"__cv{ctx.nonce}p{sc.sid}_{len(sc.probes)}"
-            sc.probes.append(name)
-            sc.items.append(Item("fsm", "transition", sc.file, line, f"FSM {var}: transition {a} -> {b} never taken",
-                                 len(sc.probes) - 1, {"fsm_var": var, "from_state": a, "to_state": b}))
-            body.append(f"if ({cur} == {states.index(a)} && {nxt} == {states.index(b)}) {name} = 1'b1; ")
-        body.append(f"{cur} = {nxt}; ")
-        text.append(f"integer {cur} = -1, {nxt}; always @({var}) begin {''.join(body)}end ")
-    return "".join(text)
-
-
-def _constants_of(ctx, rhs):
-    k = _kind(rhs)
-    if k == "IdentifierName" and rhs.identifier.valueText in ctx.constants:
-        return [rhs.identifier.valueText]
-    if k == "ParenthesizedExpression":
-        return _constants_of(ctx, rhs.expression)
-    if k == "ConditionalExpression":
-        return _constants_of(ctx, rhs.left) + _constants_of(ctx, rhs.right)
-    return []
-
-
-def _assigned_constants(ctx, node, targets):
-    out = []
-
-    def rec(n):
-        k = _kind(n)
-        if k.endswith("AssignmentExpression") and _kind(n.left) == "IdentifierName" \
-                and n.left.identifier.valueText in targets:
-            out.extend(_constants_of(ctx, n.right))
-        for c in n:
-            if isinstance(c, S.SyntaxNode):
-                rec(c)
-    rec(node)
-    return out
-
-
-def _toggle_monitor(pre, toggles):
-    """Toggle monitors of one scope, one process per signal. They compare END-OF-TIMESTEP values (like a
-    VCD): tl = latest value seen; on the first wake-up in a new time step the previous step's final value
-    (tl) is committed against the value committed before it (tp), so zero-time glitches never count.
-    $realtime (a VPI call, the dominant cost) is called once per wake-up, and a monitor whose bits have all
-    risen and fallen stops (`disable`): later changes cannot alter its result, so saturated clocks, counters
-    and datapath bits cost nothing for the rest of the simulation."""
-    out = []
-    for j, (name, tr, tf, _, dims) in enumerate(toggles):
-        tp, tl, tt, tn, blk = (f"{pre}{j}{x}" for x in "plt" "nb")
-        out.append(f"{dims} {tr}, {tf}, {tp}, {tl}; real {tt}, {tn}; initial begin : {blk} {tl} = {name}; "
-                   f"{tt} = $realtime; forever begin @({name}); {tn} = $realtime; if ({tn} != {tt}) begin "
-                   f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); {tp} = {tl}; {tt} = {tn}; "
-                   f"if (&({tr} & {tf}) === 1'b1) disable {blk}; end {tl} = {name}; end end ")
-    return "".join(out)
-
-
-def _toggle_commit(pre, toggles):
-    """The last time step's commit, run in the scope's `final` block."""
-    out = []
-    for j, (_, tr, tf, _, _) in enumerate(toggles):
-        tp, tl = f"{pre}{j}p", f"{pre}{j}l"
-        out.append(f"{tr} = {tr} | (~{tp} & {tl}); {tf} = {tf} | ({tp} & ~{tl}); ")
-    return "".join(out)
-
-
-def _finish_scope(ctx, sc, start, end, closing_text=""):
-    """Declare probes at the scope start; FSM and toggle monitors and the `final` block at its end."""
-    tail = list(sc.tail)
-    if sc.comb:
-        comb = "".join(sc.comb)
-        if comb:
-            tail.append(f"always_comb begin {comb}end ")
-    if sc.cases:
-        tail.append(_fsm(ctx, sc))
-    out_file, tag = f"`__cv{ctx.nonce}_F", f"`__cv{ctx.nonce}_T"     # per-run values from iverilog -D
-    fd = f"__cv{ctx.nonce}fd{sc.sid}"
-    toggles, skipped = [], []
-    for name, s in sc.signals.items():
-        if s["dims"] is None:
-            skipped.append(f"{name} ({s['why']})")
-            continue
-        j = len(toggles)
-        toggles.append((name, f"__cv{ctx.nonce}t{sc.sid}_{j}r", f"__cv{ctx.nonce}t{sc.sid}_{j}f", s["line"], s["dims"]))
-    commits = []
-    if toggles:
-        tail.append(_toggle_monitor(f"__cv{ctx.nonce}t{sc.sid}_", toggles))
-        commits = [_toggle_commit(f"__cv{ctx.nonce}t{sc.sid}_", toggles)]
-    if skipped:
-        _note(ctx, f"toggle: not scored in {sc.module}: {_short(', '.join(skipped), 200)}")
-    sc.signals = {name: {"line": line, "index": j} for j, (name, _, _, line, _) in enumerate(toggles)}
-    if sc.probes:
-        probe_fmt, probe_args = "%b", ", {" + ", ".join(sc.probes) + "}"
-    else:
-        probe_fmt, probe_args = "-", ""
-    if toggles:
-        tog_fmt = ",".join("%b,%b" for _ in toggles)
-        tog_args = "".join(f", {tr}, {tf}" for _, tr, tf, _, _ in toggles)
-    else:
-        tog_fmt, tog_args = "-", ""
-    tail.append(f"integer {fd}; final begin {''.join(commits)}{fd} = $fopen({out_file}, \"a\"); "
-                f"$fdisplay({fd}, \"%s I {sc.sid} {probe_fmt} %m\", {tag}{probe_args}); "
-                f"$fdisplay({fd}, \"%s T {sc.sid} {tog_fmt} %m\", {tag}{tog_args}); $fclose({fd}); end ")
-    if sc.probes:
-        _edit(ctx, start, " reg " + ", ".join(sc.probes) + "; ")
-    _edit(ctx, end, " " + "".join(tail) + closing_text, close_depth=-1)
-
-
-def run_defines(nonce, out_file, tag):
-    """iverilog -D flags that tell the instrumented DUT where and how to write its records (per run; the
-    values end up only in the compiled program, whose file name is random)."""
-    return [f'-D__cv{nonce}_F="{out_file}"', f'-D__cv{nonce}_T="{tag}"']
+    return instrument.prepare_dut(rtl_files, top, cfg, toggle_backend(cfg))
+
+
+VPI_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vpi", "toggle_cov.c")
+_VPI_STATE = {}       # "dir": folder holding toggle_cov.vpi, or "" with "why" (checked once per process)
+
+
+def vpi_module_dir():
+    """The folder of the VPI toggle module, built with iverilog-vpi at first use and cached by content hash
+    (source + iverilog version) under $CHORUS_CACHE or ~/.cache/chorus-mini; "" when it cannot be built
+    (no iverilog-vpi or C compiler: logged once, the pure-Verilog monitors are used instead)."""
+    if "dir" not in _VPI_STATE:
+        why, out = "", ""
+        try:
+            with open(VPI_SOURCE, "rb") as f:
+                src = f.read()
+            tool = shutil.which("iverilog-vpi")
+            if tool is None:
+                raise OSError("iverilog-vpi not found")
+            ver = subprocess.run(["iverilog", "-V"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
+            key = hashlib.sha256(src + b"\0" + ver.encode()).hexdigest()[:16]
+            cache = os.environ.get("CHORUS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "chorus-mini")
+            out = os.path.join(cache, "vpi", key)
+            if not os.path.exists(os.path.join(out, "toggle_cov.vpi")):
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                tmp = tempfile.mkdtemp(prefix="build_", dir=os.path.dirname(out))
+                try:
+                    shutil.copy(VPI_SOURCE, tmp)
+                    p = subprocess.run([tool, "toggle_cov.c"], cwd=tmp, capture_output=True, text=True, timeout=120)
+                    if p.returncode != 0 or not os.path.exists(os.path.join(tmp, "toggle_cov.vpi")):
+                        raise OSError("iverilog-vpi failed: " + _short(p.stderr or p.stdout, 160))
+                    try:
+                        os.rename(tmp, out)          # atomic: another worker may have won the race
+                    except OSError:
+                        if not os.path.exists(os.path.join(out, "toggle_cov.vpi")):
+                            raise
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            why, out = f"VPI toggle module unavailable ({e})", ""
+        _VPI_STATE["dir"], _VPI_STATE["why"] = out, why
+        if why:
+            print(f"sim.py: {why}; toggle coverage uses the pure-Verilog monitors", file=sys.stderr)
+    return _VPI_STATE["dir"]
+
+
+def toggle_backend(cfg):
+    """The toggle backend a run uses: cfg.toggle_backend, "auto" meaning "vpi" where the module builds."""
+    if cfg.toggle_backend == "auto":
+        return "vpi" if vpi_module_dir() else "verilog"
+    if cfg.toggle_backend == "vpi" and not vpi_module_dir():
+        raise RuntimeError(_VPI_STATE["why"])
+    return cfg.toggle_backend
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Build, part 2: pre-scan the testbench
+# Build (instrument.py instruments the DUT and pre-scans the testbench): argv lists and the sandbox script
 
-UNSUPPORTED_TOKENS = {
-    "CoverGroupKeyword": "covergroup/coverpoint (functional coverage) is not supported by Icarus; remove it",
-    "PropertyKeyword": "SVA property is not supported by Icarus; remove it",
-    "SequenceKeyword": "SVA sequence is not supported by Icarus; remove it",
-    "ClockingKeyword": "clocking blocks are not supported by Icarus; use @(posedge clk)",
-    "DoubleHash": "##N cycle delays are not supported by Icarus; use repeat (N) @(posedge clk)",
-    "IffKeyword": "`iff` in event controls is not supported by Icarus",
-    "RandCaseKeyword": "randcase is not supported by Icarus; use $urandom_range and case",
-    "RandSequenceKeyword": "randsequence is not supported by Icarus",
-    "ConstraintKeyword": "constraints/randomize are not supported by Icarus; use $urandom/$urandom_range",
-    "RandKeyword": "rand class members/randomize are not supported by Icarus; use $urandom/$urandom_range",
-    "RandCKeyword": "randc class members/randomize are not supported by Icarus; use $urandom/$urandom_range",
-    "InsideKeyword": "the inside operator is not supported by Icarus 11; compare explicitly",
-}
-
-
-_PRESCAN_CACHE = {}
-
-
-def check_testbench(tb, prepared, inst):
-    """Pre-scan a testbench. Returns (forbidden, hints, diags): forbidden errors reject the run; hints are
-    constructs Icarus 11 cannot run (shown if it then fails); diags are pyslang's syntax errors.
-    The result depends only on the testbench text, the prepared DUT (its file and module names) and the
-    instance name, so it is cached per process on their hash (RL and evaluation re-score identical
-    testbenches); every call returns fresh copies, so callers may modify what they get."""
-    key = hashlib.sha256(tb.encode("utf-8", "surrogatepass") + b"\0" + prepared.key.encode() + b"\0"
-                         + inst.encode("utf-8", "surrogatepass")).digest()
-    hit = _PRESCAN_CACHE.get(key)
-    if hit is None:
-        hit = _check_testbench(tb, prepared, inst)
-        if PRESCAN_CACHE_SIZE <= 0:
-            return hit
-        if len(_PRESCAN_CACHE) >= PRESCAN_CACHE_SIZE:
-            _PRESCAN_CACHE.pop(next(iter(_PRESCAN_CACHE)))
-        _PRESCAN_CACHE[key] = hit
-    return tuple([dict(e) for e in lst] for lst in hit)
-
-
-def _check_testbench(tb, prepared, inst):
-    forbidden, hints = [], []
-
-    def err(lst, line, msg, col=0):
-        lst.append({"source": "prescan", "file": "tb.sv", "line": line, "col": col, "msg": msg})
-
-    raw = tb.encode("utf-8")
-    if len(raw) > MAX_TB_BYTES:
-        err(forbidden, 0, f"testbench is larger than {MAX_TB_BYTES} bytes")
-        return forbidden, hints, []
-    for m in _INCLUDE_RE.finditer(raw):
-        line = raw.count(b"\n", 0, m.start()) + 1
-        path = re.search(rb'["<]([^">]*)[">]', m.group(0))
-        target = path.group(1).decode("utf-8", "replace") if path else ""
-        if target.startswith("/") or ".." in target.replace("\\", "/").split("/"):
-            err(forbidden, line, f"`include of an absolute or parent path ({target!r}) is not allowed")
-        elif os.path.basename(target) in {f["name"] for f in prepared.files}:
-            err(forbidden, line, f"do not `include the DUT file {target!r}: the scorer compiles it itself")
-        else:
-            err(forbidden, line, f"`include {target!r} is not allowed: only the DUT files and the testbench exist")
-    for m in re.finditer(rb"``", raw):
-        err(forbidden, raw.count(b"\n", 0, m.start()) + 1, "macro token pasting (``) is not allowed in testbenches")
-        break
-    for m in re.finditer(rb"__cv", raw, re.IGNORECASE):
-        err(forbidden, raw.count(b"\n", 0, m.start()) + 1, "names starting with __cv are reserved for the scorer")
-        break
-    if forbidden:
-        return forbidden, hints, []
-    sm = pyslang.SourceManager()
-    buf = sm.assignText("tb.sv", tb)
-    tree = S.SyntaxTree.fromBuffers([buf], sm)
-    engine = pyslang.DiagnosticEngine(sm)
-    diags = [_diag(engine, sm, d) for d in tree.diagnostics if d.isError()][:MAX_ERRORS]
-
-    def line_of(tok):
-        return sm.getLineNumber(sm.getFullyOriginalLoc(tok.location))
-
-    toks = _tokens(tree.root)
-    for i, tok in enumerate(toks):
-        k = tok.kind.name
-        if k == "SystemIdentifier" and tok.valueText == "$system":
-            err(forbidden, line_of(tok), "$system is not allowed")
-        elif k in ("Identifier", "SystemIdentifier") and "__cv" in tok.valueText.lower():
-            err(forbidden, line_of(tok), "names starting with __cv are reserved for the scorer")
-        elif k == "BindKeyword":
-            err(forbidden, line_of(tok), "bind is not allowed: it would add code inside the DUT")
-        elif k in UNSUPPORTED_TOKENS:
-            if k == "PropertyKeyword" and i and toks[i - 1].kind.name == "AssertKeyword":
-                err(hints, line_of(tok), "concurrent assertions (assert property) are not supported by Icarus")
-            else:
-                err(hints, line_of(tok), UNSUPPORTED_TOKENS[k])
-        elif k in ("UniqueKeyword", "PriorityKeyword") and i + 1 < len(toks) and toks[i + 1].kind.name == "IfKeyword":
-            err(hints, line_of(tok), f"{tok.valueText} if is not supported by Icarus; use a plain if")
-        elif k == "Identifier" and tok.valueText in ("randomize", "mailbox", "semaphore"):
-            err(hints, line_of(tok), f"{tok.valueText} is not supported by Icarus"
-                + ("; use $urandom/$urandom_range" if tok.valueText == "randomize" else ""))
-        elif k == "Identifier" and tok.valueText in ("name", "next", "prev") and i and toks[i - 1].kind.name == "Dot" \
-                and i + 2 < len(toks) and toks[i + 1].kind.name == "OpenParenthesis" \
-                and toks[i + 2].kind.name == "CloseParenthesis":
-            err(hints, line_of(tok), f"enum method .{tok.valueText}() is not supported by Icarus 11")
-    dut_modules = set(prepared.modules)
-    for m in _nodes(tree.root.members):
-        if _kind(m) == "ModuleDeclaration" and m.header.name.valueText in dut_modules:
-            err(forbidden, line_of(m.getFirstToken()),
-                f"the testbench redefines DUT module {m.header.name.valueText!r}; instantiate it instead")
-    hier = re.compile(r"(^|\.)" + re.escape(inst) + r"(\[[^\]]*\])*\.")
-
-    def lvalue_check(node, what):
-        text = re.sub(r"\s+", "", _text(node))
-        if hier.search(text):
-            err(forbidden, line_of(node.getFirstToken()),
-                f"{what} into the DUT hierarchy ({_short(text, 40)}) is not allowed: drive the DUT through its ports")
-
-    def rec(n):
-        k = _kind(n)
-        if k.endswith("AssignmentExpression") and k != "AssignmentPatternExpression":
-            lvalue_check(n.left, "writing")
-        elif k in ("ProceduralReleaseStatement", "ProceduralDeassignStatement"):
-            lvalue_check(n.expr, "release/deassign")
-        elif k == "InvocationExpression" and _kind(n.left) == "SystemName" \
-                and n.left.systemIdentifier.valueText == "$deposit" and n.arguments is not None:
-            args = _nodes(n.arguments.parameters)
-            if args:
-                lvalue_check(args[0], "$deposit")
-        for c in n:
-            if isinstance(c, S.SyntaxNode):
-                rec(c)
-    if re.search(r"\b" + re.escape(inst) + r"\s*(\[[^\]]*\]\s*)*\.", tb):     # walk the tree only when
-        rec(tree.root)                                                           # `inst.` appears at all
-    return forbidden, hints, diags
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Build, part 3: argv lists and the in-sandbox script (pure functions)
-
-def build_script(dut_names, defines, tb_name, vvp_name, cfg):
+def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_dir=""):
     """The sh script run inside the sandbox: resource limits (shell builtins: no extra process), compile,
     record the compile status, then simulate under `timeout -s INT` so the `final` blocks still run."""
     q = shlex.quote
@@ -1216,24 +324,28 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg):
     return (f"ulimit -v {cfg.mem_limit_mb << 10}\nulimit -t {cpu}\nulimit -f {FSIZE_LIMIT // 512}\n"
             f"ulimit -n {NOFILE_LIMIT}\nulimit -c 0\n"
             f"iverilog -g2012 {' '.join(q(d) for d in defines)} -o {q(vvp_name)} "
-            f"{' '.join(q(n) for n in list(dut_names) + [tb_name])} 1>&2\n"
+            f"{' '.join(q(n) for n in list(dut_names) + [tb_name] + list(after_tb))} 1>&2\n"
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
-            f"exec timeout -s INT -k {KILL_AFTER_S} {cfg.timeout_s:g} vvp -n {q(vvp_name)} -none 2>&1\n")
+            f"exec timeout -s INT -k {KILL_AFTER_S} {cfg.timeout_s:g} vvp "
+            + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n")
 
 
-def bwrap_argv(run_dir):
-    """bubblewrap: read-only /usr, the run dir as the only writable path, no /proc, /etc, /home or network."""
-    argv = ["bwrap", "--ro-bind", "/usr", "/usr"]
+def bwrap_argv(run_dir, vpi_dir=""):
+    """bubblewrap: read-only /usr, the run dir as the only writable path (/, /dev are remounted read-only,
+    no /tmp: TMPDIR is the run dir), no /proc, /etc, /home or network; the VPI module's folder (when
+    given) read-only at /vpi."""
+    argv = ["bwrap", "--ro-bind", "/usr", "/usr"] + (["--ro-bind", vpi_dir, "/vpi"] if vpi_dir else [])
     for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(d):
             argv += ["--symlink", os.readlink(d).lstrip("/"), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    return argv + ["--dev", "/dev", "--tmpfs", "/tmp", "--bind", run_dir, "/sim", "--chdir", "/sim",
-                   "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                   "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sim"]
+    return argv + ["--dev", "/dev", "--bind", run_dir, "/sim", "--remount-ro", "/", "--remount-ro", "/dev",
+                   "--chdir", "/sim", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                   "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sim",
+                   "--setenv", "TMPDIR", "/sim"]
 
 
 _BWRAP_STATE = {}     # "ok": bool, "why": str (checked once per process)
@@ -1332,36 +444,120 @@ def _signal_tree(pid, sig, only_comm=None):
             pass
 
 
-def run_job_dir(run_dir, script, cfg):
-    """Run script (limits, compile, sim) in run_dir with one bwrap start; drain output with caps; backstop."""
-    use_bwrap = cfg.sandbox and bwrap_usable()
-    # the script travels in argv, never as a file in the run dir: it holds the per-run secrets (-D values)
-    # and the sandbox has no /proc where a testbench could read another process's command line
-    argv = (bwrap_argv(run_dir) if use_bwrap else []) + ["sh", "-c", script]
-    command = shlex.join(argv)
-    t0 = time.time()
-    proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True,
-                            env=None if use_bwrap else {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                                        "HOME": run_dir})
+class _Box:
+    """A bubblewrap sandbox kept for many runs of one process (each SimPool worker has its own): a sh loop
+    inside reads (token, run folder, script) lines from stdin and runs the script in a subshell in
+    /sim/<run folder>, with all output on stdout, then prints `<token> <exit status>`. Without the
+    sandbox the same sh loop runs unsandboxed (one process start per run fewer, like the sandbox). The runs of a box
+    come one after another; between two, the host empties the box's folder, the only writable path
+    (/ and /dev are read-only, there is no /tmp), so nothing a run wrote is left for the next one. The
+    token is random per run and only in the sh loop's memory (no /proc in the sandbox), so a testbench
+    cannot print a fake end marker. A box that misses its deadline is killed and replaced."""
+    DRIVER = ('while IFS= read -r tok && IFS= read -r dir && IFS= read -r script; do '
+              '( cd "$0/$dir" && HOME="$0/$dir" TMPDIR="$0/$dir" && export HOME TMPDIR && eval "$script" ) '
+              '</dev/null 2>&1; echo "$tok $?"; done')
+
+    def __init__(self, vpi_dir, sandboxed):
+        self.key = (vpi_dir, sandboxed)
+        self.owner = os.getpid()          # a forked child must not share its parent's box
+        self.root = tempfile.mkdtemp(prefix="chorus_simbox_")
+        if sandboxed:
+            argv, env = bwrap_argv(self.root, vpi_dir) + ["sh", "-c", self.DRIVER, "/sim"], None
+        else:
+            argv = ["sh", "-c", self.DRIVER, self.root]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.root}
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=self.root, env=env)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def close(self):
+        if self.alive():
+            _signal_tree(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def empty(self):
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+
+_BOXES = []                     # idle boxes of this process (one per thread that runs at the same time)
+_BOXES_LOCK = threading.Lock()
+
+
+def _take_box(vpi_dir, sandboxed):
+    with _BOXES_LOCK:
+        if any(box.owner != os.getpid() for box in _BOXES):
+            _BOXES[:] = []                # forked: the parent's boxes are the parent's (it closes them)
+        for i, box in enumerate(_BOXES):
+            if box.key == (vpi_dir, sandboxed):
+                _BOXES.pop(i)
+                if box.alive():
+                    return box
+                box.close()
+                break
+    return _Box(vpi_dir, sandboxed)
+
+
+def _close_boxes():
+    with _BOXES_LOCK:
+        while _BOXES:
+            box = _BOXES.pop()
+            if box.owner == os.getpid():
+                box.close()
+
+
+atexit.register(_close_boxes)
+
+
+def _run_in_box(run_dir, script, vpi_dir, sandboxed):
+    """Move the run dir into a box's folder: (box, its path there, the run's end token, the stdin line)."""
+    box = _take_box(vpi_dir, sandboxed)
+    name = os.path.basename(run_dir)
+    inside = os.path.join(box.root, name)
+    os.rename(run_dir, inside)           # same filesystem (both under the temp dir): no copy
+    tok = secrets.token_hex(8)
+    line = (tok + "\n" + name + "\n" + script.replace("\n", "; ") + "\n").encode()
+    return box, inside, tok, line
+
+
+def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
+    """Read the run's output with head+tail kept and a byte cap (SIGINT to `timeout` past it) until every
+    stream ends or `until(tail bytes)` matches; SIGKILL the process tree at the deadline.
+    Returns (head, tail, total, limited, killed, end match)."""
     head, tail = bytearray(), deque()
-    tail_len, total, limited, killed = 0, 0, False, False
-    deadline = time.monotonic() + cfg.compile_timeout_s + cfg.timeout_s + KILL_AFTER_S + BACKSTOP_EXTRA_S
+    tail_len, total, limited, killed, end, last = 0, 0, False, False, None, b""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    open_streams = 2
-    while open_streams:
+    for f in fileno_streams:
+        sel.register(f, selectors.EVENT_READ)
+    open_streams = len(fileno_streams)
+    while open_streams and end is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0 and not killed:
             killed = True
-            _signal_tree(proc.pid, signal.SIGKILL)
+            _signal_tree(proc_pid, signal.SIGKILL)
         for key, _ in sel.select(timeout=max(0.05, min(remaining, 1.0))):
             chunk = os.read(key.fileobj.fileno(), 65536)
             if not chunk:
                 sel.unregister(key.fileobj)
                 open_streams -= 1
                 continue
+            if until is not None:
+                last = (last + chunk)[-128:]
+                end = until.search(last)
+                if end is not None:              # the marker is the last thing written: drop it
+                    chunk = chunk[:len(chunk) - len(end.group(0))] if len(end.group(0)) <= len(chunk) else b""
             total += len(chunk)
             if len(head) < LOG_KEEP_BYTES:
                 take = LOG_KEEP_BYTES - len(head)
@@ -1374,17 +570,43 @@ def run_job_dir(run_dir, script, cfg):
                     tail_len -= len(tail.popleft())
             if total > cfg.output_cap_bytes and not limited:
                 limited = True       # SIGINT to `timeout` inside: it forwards INT to vvp, `final` runs
-                _signal_tree(proc.pid, signal.SIGINT, only_comm="timeout")
+                _signal_tree(proc_pid, signal.SIGINT, only_comm="timeout")
     sel.close()
+    return head, b"".join(tail)[-LOG_KEEP_BYTES:], total, limited, killed, end
+
+
+def run_job_dir(run_dir, script, cfg, vpi_dir=""):
+    """Run script (limits, compile, sim) in run_dir through this process's persistent sh loop (_Box), in
+    bubblewrap when usable; drain output with caps; backstop. vpi_dir: the host folder of the VPI module,
+    shown read-only at /vpi inside the sandbox. The run dir is where it was again on return."""
+    use_bwrap = cfg.sandbox and bwrap_usable()
+    deadline = time.monotonic() + cfg.compile_timeout_s + cfg.timeout_s + KILL_AFTER_S + BACKSTOP_EXTRA_S
+    # the script travels through the box's stdin, never as a file in the run dir: it holds the per-run
+    # secrets (-D values), and the sandbox has no /proc where a testbench could look for them
+    command = shlex.join((bwrap_argv(run_dir, vpi_dir) if use_bwrap else []) + ["sh", "-c", script])  # as one command
+    box, inside, tok, line = _run_in_box(run_dir, script, vpi_dir, use_bwrap)
+    t0 = time.time()
+    rc, ok = None, False
     try:
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic() + 5))
-    except subprocess.TimeoutExpired:
-        killed = True
-        _signal_tree(proc.pid, signal.SIGKILL)
-        rc = proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
+        box.proc.stdin.write(line)
+        box.proc.stdin.flush()
+        head, tail, total, limited, killed, end = _drain(
+            [box.proc.stdout], box.proc.pid, deadline, cfg,
+            until=re.compile(rb"(?:^|(?<=\n))" + tok.encode() + rb" (\d+)\n$"))
+        if end is not None:
+            rc, ok = int(end.group(1)), not killed
+        else:
+            killed = True
+    except OSError:                   # the box died (killed at the deadline, or broken): a new one next time
+        head, tail, total, limited, killed = b"", b"", 0, False, True
     t_end = time.time()
+    os.rename(inside, run_dir)
+    if ok:
+        box.empty()
+        with _BOXES_LOCK:
+            _BOXES.append(box)
+    else:
+        box.close()
     compile_rc, t_compiled = None, t_end
     rc_path = os.path.join(run_dir, "compile.rc")
     if os.path.exists(rc_path):
@@ -1392,8 +614,7 @@ def run_job_dir(run_dir, script, cfg):
             txt = f.read().strip()
         compile_rc = int(txt) if txt.lstrip("-").isdigit() else None
         t_compiled = os.path.getmtime(rc_path)
-    tail_bytes = b"".join(tail)[-LOG_KEEP_BYTES:]
-    return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=tail_bytes, total_bytes=total,
+    return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
                      output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
                      command=command)
@@ -1415,6 +636,15 @@ def parse_records(text, tag):
             raise ValueError(f"duplicated probe record for {key[1]}")
         rec[parts[1]] = parts[3]
     return recs
+
+
+def parse_end_record(text, tag):
+    """(limit hit, end time) from the watchdog's `<tag> E <hit> <time>` line, or None without one."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == tag and parts[1] == "E" and parts[2] in ("0", "1") and parts[3].isdigit():
+            return parts[2] == "1", int(parts[3])
+    return None
 
 
 def _pct(cov, tot):
@@ -1620,10 +850,18 @@ def _simulate(job, cfg, res, t0):
         tb_name = "tb.sv" if "tb.sv" not in names else "tb_0.sv"
         with open(os.path.join(run_dir, tb_name), "w", encoding="utf-8") as out:
             out.write(job["tb"])
+        after_tb = []
+        if cfg.sim_time_limit and cfg.sim_time_limit > 0:     # compiled last: inherits the tb's `timescale
+            after_tb = ["cv_watchdog.sv" if "cv_watchdog.sv" not in names else "cv_watchdog_0.sv"]
+            with open(os.path.join(run_dir, after_tb[0]), "w", encoding="utf-8") as out:
+                out.write(watchdog_source(prepared.nonce))
         tag, out_file = secrets.token_hex(8), f".cov_{secrets.token_hex(8)}.txt"
-        script = build_script(names, run_defines(prepared.nonce, out_file, tag), tb_name,
-                              f"s{secrets.token_hex(6)}.vvp", cfg)
-        run = run_job_dir(run_dir, script, cfg)
+        vpi_dir = vpi_module_dir() if prepared.toggle_backend == "vpi" else ""
+        script = build_script(names, run_defines(prepared.nonce, out_file, tag, cfg.sim_time_limit), tb_name,
+                              f"s{secrets.token_hex(6)}.vvp", cfg, after_tb,
+                              ("/vpi" if cfg.sandbox and bwrap_usable() else vpi_dir) if vpi_dir else "")
+        run = run_job_dir(run_dir, script, cfg, vpi_dir)
+        res.versions["toggle_backend"] = prepared.toggle_backend
         res.command = run.command
         res.versions["sandbox"] = run.sandbox
         if run.sandbox == "none" and cfg.sandbox:
@@ -1669,6 +907,10 @@ def _simulate(job, cfg, res, t0):
         if os.path.exists(cov_path):
             with open(cov_path, encoding="utf-8", errors="replace") as f:
                 text = f.read(FSIZE_LIMIT)
+        end = parse_end_record(text, tag)
+        if end is not None:
+            res.sim_time_limited, res.sim_time = end
+            res.sim_finished = res.sim_finished and not res.sim_time_limited
         try:
             recs = parse_records(text, tag)
         except ValueError as e:
@@ -1685,6 +927,11 @@ def _simulate(job, cfg, res, t0):
             res.status = TIMEOUT
             res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
                            "msg": f"simulation did not finish within {cfg.timeout_s:g}s (missing $finish?)"}]
+        elif res.sim_time_limited:
+            res.status = SIM_TIME_LIMIT
+            res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
+                           "msg": f"the testbench was still driving the DUT after the simulated-time limit "
+                                  f"({cfg.sim_time_limit} time units); end the stimulus with $finish"}]
         elif run.rc != 0:
             res.status = RUNTIME_ERROR
             why = {-9: "killed (CPU or memory limit)", 137: "killed (CPU or memory limit)",
@@ -1921,6 +1168,8 @@ def main(argv=None):
     sc.add_argument("--json", action="store_true", help="print exactly one JSON object (the result record)")
     sc.add_argument("--profile", default="imc", choices=sorted(PROFILES), help="overall metric set")
     sc.add_argument("--timeout", type=float, default=ScoreConfig.timeout_s, help="simulation timeout, seconds")
+    sc.add_argument("--sim-time-limit", type=int, default=ScoreConfig.sim_time_limit,
+                    help="simulated-time limit in the testbench's time units (0: off)")
     sc.add_argument("--no-sandbox", action="store_true", help="skip bubblewrap (rlimits + timeout still apply)")
     sc.add_argument("--keep", action="store_true", help="keep the per-run directory")
     pr = sub.add_parser("prepare", help="instrument + compile the DUT alone (exit 0 when it works)")
@@ -1964,6 +1213,7 @@ def main(argv=None):
     if args.target is not None:
         job["targets"] = [{"inst_name": job["inst"], "metric": "overall_average", "target_percentage": args.target}]
     cfg = ScoreConfig(profile=args.profile, timeout_s=args.timeout, sandbox=not args.no_sandbox,
+                      sim_time_limit=args.sim_time_limit,
                       keep_run_dir=args.keep)
     try:
         res = simulate(job, cfg)

@@ -62,6 +62,28 @@ def test_reference_testbenches_score(tasks, tmp_path):
         if plain_icarus_runs(t, tmp_path) and not (r.status == sim.OK and r.overall_pct is not None):
             bad.append((t["id"], r.status, r.errors[:2]))
     assert bad == []
+    # the simulated-time limit's default is generous to every reference testbench: none is stopped by it,
+    # and those that end with $finish (all but 4, which run out of events) end 10x below it
+    assert not [t["id"] for t, r in zip(with_tb, results) if r.status == sim.SIM_TIME_LIMIT or r.sim_time_limited]
+    finished = [r.sim_time for r in results if r.sim_time is not None and r.sim_time < sim.ScoreConfig().sim_time_limit]
+    assert len(finished) >= 44 and max(finished) * 10 <= sim.ScoreConfig().sim_time_limit
+
+
+@pytest.mark.needs_shared
+@pytest.mark.needs_iverilog
+@pytest.mark.slow
+def test_reference_testbenches_identical_with_both_toggle_backends(tasks):
+    if not sim.vpi_module_dir():
+        pytest.skip("the VPI toggle module cannot be built here (no iverilog-vpi / C compiler)")
+    jobs = [sim.job_from_task(t, t["reference_tb"]["content"]) for t in tasks if t.get("reference_tb")]
+    keys = ("status", "metrics", "overall_pct", "per_instance", "uncovered", "targets", "notes", "sim_time")
+    got = {}
+    for backend in ("verilog", "vpi"):
+        results = sim.simulate_many(jobs, workers=min(2, os.cpu_count() or 1), verbose=False,
+                                    cfg=sim.ScoreConfig(toggle_backend=backend))
+        assert all(r.versions["toggle_backend"] == backend for r in results)
+        got[backend] = [{k: getattr(r, k) for k in keys} for r in results]
+    assert [j["id"] for j, a, b in zip(jobs, got["verilog"], got["vpi"]) if a != b] == []
 
 
 @pytest.mark.needs_iverilog

@@ -3,6 +3,7 @@ end with a clear status, leave nothing outside its run directory and stop within
 
 Run: python -m pytest -q tests/test_sim_hostile.py
 """
+import dataclasses
 import os
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def test_write_outside_run_dir_fails(tmp_path):
 
 @pytest.mark.needs_iverilog
 def test_no_finish_times_out_with_partial_coverage():
-    res = run("  initial begin #12 rst_n = 1; en = 1; end")      # free-running clock, never $finish
+    # the wall-clock guard (the simulated-time limit, tests/test_sim_limit.py, is off here)
+    res = run("  initial begin #12 rst_n = 1; en = 1; end", dataclasses.replace(FAST, sim_time_limit=0))
     assert res.status == sim.TIMEOUT and res.timed_out and not res.passed and sim.reward(res) == 0
     assert res.metrics["block"]["covered"] > 0                  # SIGINT ran the final blocks
     assert "did not finish" in sim.format_feedback(res)
