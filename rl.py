@@ -19,7 +19,9 @@ Algorithm, per step (one optimizer update per rollout batch by default):
     completion token of the batch and divided by the batch's token count (DAPO token-level
     aggregation), no KL, no entropy bonus (dapo_loss). Old log-probs are recomputed by the trainer
     with the weights that sampled; logits are divided by the sampling temperature first.
- 6. Adam (betas 0.9/0.95, weight decay 0), constant LR, gradient clipping at 1.0.
+ 6. Adam (betas 0.9/0.95, weight decay 0), constant LR, gradient clipping at 1.0. A step whose advantages
+    are all zero (every group has zero reward variance, no KL) takes no optimizer step (Adam's momentum
+    would still move the weights) and is logged as `skipped: 1`.
 Options (off in --profile paper, the paper's setting): dynamic sampling (drop groups whose rewards
 have zero variance and refill from extra prompts, up to a cap), DAPO's soft overlong punishment,
 and a k3 KL penalty to the initial adapter. The zero-variance group fraction is logged either way.
@@ -151,7 +153,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
     params = [p for g in optimizer.param_groups for p in g["params"]]
     totals = {"loss": 0.0, "clip_ratio/low": 0.0, "clip_ratio/high": 0.0, "ratio": 0.0,
               "entropy": 0.0, "kl": 0.0, "num_tokens": 0}
-    grad_norms = []
+    grad_norms, skipped = [], 0
     model.train()
 
     # Old log-probs, recomputed here. With one optimizer step per batch they equal the new ones
@@ -209,9 +211,10 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
                 for k in ("clip_ratio/low", "clip_ratio/high", "ratio", "kl"):
                     totals[k] += stats.get(k, 0.0) * n_tok
                 totals["entropy"] += float((out.entropy * out.mask).sum())
-        else:
-            for p in params:
-                p.grad = torch.zeros_like(p)
+        else:   # no optimizer step: Adam's momentum would still move the weights on a zero gradient
+            skipped += 1
+            grad_norms.append(0.0)
+            continue
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
     n = max(totals["num_tokens"], 1)
@@ -220,6 +223,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
         for k in ("clip_ratio/low", "clip_ratio/high", "ratio", "entropy", "kl"):
             stats[k] = float("nan")
     stats["grad_norm"] = max(grad_norms) if grad_norms else 0.0
+    stats["skipped"] = skipped        # mini-batches whose advantages were all zero: no optimizer step
     return stats
 
 
@@ -364,7 +368,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                                        steps_per_generation=args.steps_per_generation, beta=args.kl_beta,
                                        ref_adapter=ref_adapter, pad_token_id=pad_id)
             else:   # dynamic sampling found no informative group within the cap: no update
-                stats = {"grad_norm": 0.0}
+                stats = {"grad_norm": 0.0, "skipped": 1}
             t2 = time.perf_counter()
             # ---------------------------------------------------------------- logging
             row = {"step": step + 1, **rollout_metrics(all_groups), "groups": len(groups),

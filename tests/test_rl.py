@@ -355,6 +355,27 @@ def test_steps_per_generation_uses_old_logps(tiny):
     assert stats["ratio"] != pytest.approx(1.0, abs=1e-7)      # the second mini-batch moved
 
 
+def test_all_zero_advantages_take_no_optimizer_step(tiny):
+    """Issue 21: after a real step Adam has momentum, so stepping on a zero gradient would still move the
+    weights; a step whose advantages are all zero must leave them bit-for-bit unchanged and say so."""
+    model, tok = tiny
+    m = _lora(model)
+    opt = onpolicy.make_optimizer(m, lr=1e-2)
+    first = rl.train_on_batch(m, opt, _rows(tok), [1.0, -1.0])
+    assert first["skipped"] == 0 and first["grad_norm"] > 0
+    before = {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}
+    adam_steps = opt.state[opt.param_groups[0]["params"][0]]["step"].item()
+    stats = rl.train_on_batch(m, opt, _rows(tok), [0.0, 0.0])
+    assert stats["skipped"] == 1 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
+    assert opt.state[opt.param_groups[0]["params"][0]]["step"].item() == adam_steps == 1
+    # the control: Adam stepped on an explicit zero gradient does move them (what the skip avoids)
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert any(not torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
+
+
 def test_kl_to_the_initial_adapter_and_adapter_switching(tiny, tmp_path):
     model, tok = tiny
     common.save_adapter(_lora(model), str(tmp_path / "stage"))
@@ -500,6 +521,7 @@ def test_two_real_steps_with_the_tiny_model_and_the_scorer(tmp_path):
     log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert all(r["reward"] == 0.0 and r["frac_reward_zero_std"] == 1.0 for r in log)   # a random model
+    assert all(r["skipped"] == 1 for r in log)                # all-zero advantages: no optimizer step
     assert json.loads((out / "result.json").read_text())["outcome"]["steps"] == 2
     assert json.loads((out / "done.json").read_text())["files"]["adapter"] == "adapter"
     assert (out / "adapter" / "adapter_config.json").exists()
