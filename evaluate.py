@@ -9,8 +9,8 @@ The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, 
 1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
-3. Each answer is parsed (common.parse_answer) and, when usable (not no_code / truncated), simulated
-   (sim.SimPool). Simulations of one batch run while the policy generates the next batch.
+3. Each answer is parsed and, when usable (not no_code / truncated), simulated (onpolicy.submit_answer,
+   on a sim.SimPool). Simulations of one batch run while the policy generates the next batch.
 4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
    (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
    CovResult order (compiles, has coverage, passes targets, overall) with two refinements: an
@@ -41,20 +41,21 @@ from typing import Callable
 import numpy as np
 
 import common
+import onpolicy
 import sim
 
 Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
 SIM_RAN = ("ok", "no_coverage", "no_dut_instance")   # statuses where the testbench compiled and simulated
-USABLE = ("ok", "no_filename")                     # parse_answer reasons worth simulating (not truncated)
 BOTTOM = (False, False, False, False, False, 0.0)      # the key of "no result yet"
 
 
 # ---------------------------------------------------------------------------------------------------
-# Result ordering and per-result scores (on SimResult.to_dict() dicts; None = answer not parsed)
+# Result ordering and per-result scores (on onpolicy's result dicts: SimResult.to_dict(), or
+# onpolicy.parse_failure(reason) for an answer that did not parse)
 
 def result_key(result):
     """Total order on results, larger is better (see the module docstring, step 4)."""
-    if result is None:
+    if onpolicy.is_parse_failure(result):
         return BOTTOM
     has_cov = result["status"] == "ok" and result.get("overall_pct") is not None
     return (True, bool(result.get("compile_ok")), syn_ok(result), has_cov, bool(result.get("passed")),
@@ -62,7 +63,7 @@ def result_key(result):
 
 
 def syn_ok(result):
-    return result is not None and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
+    return not onpolicy.is_parse_failure(result) and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
 
 
 def coverage(result):
@@ -97,7 +98,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
 
     Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
-    parsed answer, scorer result (SimResult.to_dict(), None when unparsed), the round whose testbench the
+    parsed answer, scorer result (SimResult.to_dict(), or onpolicy.parse_failure when unparsed), the round whose testbench the
     state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
     far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
     """
@@ -115,8 +116,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         task = by_id[samples[i]["task_id"]]
         if best[i] is None or not best[i][0][0]:        # nothing parsed yet: retry the initial prompt
             return common.build_messages(task), None
-        _, r, text, obj = best[i]
-        return common.refine_messages(task, text, obj), r
+        _, r, text, res = best[i]
+        return common.refine_messages(task, text, res), r
 
     with sim.SimPool(sim_workers, cfg=sim_cfg) as pool:
         for r in range(rounds + 1):
@@ -131,22 +132,18 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                 if len(texts) != len(chunk):
                     raise ValueError(f"policy returned {len(texts)} answers for {len(chunk)} prompts")
                 for i, (_, state_round), text in zip(chunk, states, texts):
-                    answer = common.parse_answer(text)
-                    future = None
-                    if answer.reason in USABLE:   # submitted now: simulates while the next chunk generates
-                        job = sim.job_from_task(by_id[samples[i]["task_id"]], answer.code, target_mode)
-                        future = pool.submit(job)
-                    pending.append((i, state_round, text, answer, future))
-            for i, state_round, text, answer, future in pending:
-                obj = future.result() if future is not None else None
-                res = obj.to_dict() if obj is not None else None
+                    # submitted now: simulates while the next chunk generates
+                    answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode)
+                    pending.append((i, state_round, text, answer, wait))
+            for i, state_round, text, answer, wait in pending:
+                res = wait()
                 key = result_key(res)
                 samples[i]["rounds"].append({
                     "round": r, "state_round": state_round, "text": text,
                     "answer": {"filename": answer.filename, "reason": answer.reason, "code": answer.code},
                     "result": res, "key": list(key)})
                 if best[i] is None or key >= best[i][0]:
-                    best[i] = (key, r, text, obj)
+                    best[i] = (key, r, text, res)
                 if key[3] and key[5] >= 100.0:
                     stopped[i] = True
             for i, s in enumerate(samples):
@@ -470,8 +467,8 @@ def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers
         if rec["answer"]["code"]:
             (out / Path(rec["answer"]["filename"]).name).write_text(rec["answer"]["code"])
         (out / "report.json").write_text(json.dumps(report, indent=1))
-        feedback = sim.format_feedback(sim.SimResult.from_dict(rec["result"])) if rec["result"] else \
-            f"answer not parsed ({rec['answer']['reason']})"
+        feedback = f"answer not parsed ({rec['answer']['reason']})" if onpolicy.is_parse_failure(rec["result"]) \
+            else sim.format_feedback(sim.SimResult.from_dict(rec["result"]))
         (out / "report.txt").write_text(feedback + "\n")
         with open(out / "samples.jsonl", "w") as f:
             for s in samples:

@@ -2,6 +2,8 @@
 reading its token log-probs. Both trainers import from here; neither imports the other's loop.
 
     seeds       derive_seed, task_order (a resumable, seeded task order)
+    scoring     parse_failure, is_parse_failure, result_reward, feedback_result, submit_answer,
+                score_answers (one answer: parse -> simulate -> reward; usable or not)
     rollouts    Score, Sample, Group, worst_sample, two_round_rollouts, sim_score_fn, make_scorer,
                 make_model_source, release_fast_default, overlong_penalty, collect_groups (+ dynamic
                 sampling), rollout_metrics
@@ -42,19 +44,76 @@ def task_order(cursor, n_tasks, seed):
 
 
 # -----------------------------------------------------------------------------
-# Rollouts: two rounds per prompt, each its own group
+# Scoring one answer: parse -> simulate -> reward -> usable or not (also evaluate.py and data/build_sft.py)
+#
+# A result is a dict: SimResult.to_dict() when the answer was simulated, else parse_failure(reason), whose
+# status is the parse reason ("no_code": no code block; "truncated": the block was cut off by the token cap).
+
+PARSE_FAILURES = ("no_code", "truncated")    # common.parse_answer reasons that are never simulated
+
+
+def parse_failure(reason):
+    """The result dict of an answer that did not parse (nothing simulated, reward 0)."""
+    return {"status": reason if reason in PARSE_FAILURES else "no_code", "compile_ok": False, "passed": False,
+            "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
+
+
+def is_parse_failure(result):
+    return result is None or result.get("status") in PARSE_FAILURES
+
+
+def result_reward(result):
+    """sim.reward of a result dict: 1 + overall/100 when it ran with coverage, else 0."""
+    return 0.0 if is_parse_failure(result) else float(sim.reward(sim.SimResult.from_dict(result)))
+
+
+def feedback_result(result):
+    """What common.refine_messages takes for a scored answer: the result, or None after a parse failure."""
+    return None if is_parse_failure(result) else result
+
+
+def submit_answer(pool, task, text, target_mode="cvdp"):
+    """Parse `text` and, when it parsed, submit its simulation to a sim.SimPool. Returns (Answer, wait):
+    wait() -> the result dict (the simulation runs meanwhile, so the caller can generate the next batch)."""
+    answer = common.parse_answer(text)
+    if answer.reason in PARSE_FAILURES:
+        res = parse_failure(answer.reason)
+        return answer, lambda: res
+    future = pool.submit(sim.job_from_task(task, answer.code, target_mode=target_mode))
+    return answer, lambda: future.result().to_dict()
+
+
+def score_answers(pairs, workers=None, target_mode="cvdp"):
+    """[(task, answer text)] -> [result dict], in order; the parsed ones simulated by sim.simulate_many."""
+    answers = [common.parse_answer(text or "") for _, text in pairs]
+    todo = [i for i, a in enumerate(answers) if a.reason not in PARSE_FAILURES]
+    jobs = [sim.job_from_task(pairs[i][0], answers[i].code, target_mode=target_mode) for i in todo]
+    out = [parse_failure(a.reason) for a in answers]
+    for i, r in zip(todo, sim.simulate_many(jobs, workers=workers)):
+        out[i] = r.to_dict()
+    return out
+
 
 @dataclass
 class Score:
     """What the trainer needs from the scorer for one sample."""
     reward: float                  # sim.reward: 1 + coverage, or 0
-    status: str                    # SimResult.status, or "parse_error" (never simulated)
+    status: str                    # SimResult.status, or the parse failure (no_code / truncated)
     coverage: float | None = None  # overall coverage 0..1 (partial metrics kept for failures)
     passed: bool = False           # all coverage targets met
     compile_ok: bool = False
     parsed: bool = False
-    result: object = None          # the SimResult (None when the answer did not parse)
+    result: dict = None            # the result dict (see parse_failure)
 
+    @classmethod
+    def of(cls, result):
+        pct = result.get("overall_pct")
+        return cls(result_reward(result), result["status"], None if pct is None else pct / 100.0,
+                   bool(result.get("passed")), bool(result.get("compile_ok")), not is_parse_failure(result), result)
+
+
+# -----------------------------------------------------------------------------
+# Rollouts: two rounds per prompt, each its own group
 
 @dataclass
 class Sample:
@@ -118,7 +177,7 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                 msgs = build_fn(tasks[t])
             else:
                 worst = worst_sample(finish(t, rnd - 1))
-                msgs = refine_fn(tasks[t], worst.text, worst.score.result)
+                msgs = refine_fn(tasks[t], worst.text, feedback_result(worst.score.result))
             messages_list += [msgs] * G
         t0 = time.perf_counter()
         completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]))
@@ -159,21 +218,11 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
 
 
 def sim_score_fn(pool, target_mode="icarus"):
-    """score_fn for two_round_rollouts backed by sim.SimPool. Unparseable answers (no code block,
-    or a code block cut off by the token cap) get reward 0 without simulating."""
-
+    """score_fn for two_round_rollouts backed by sim.SimPool (submit_answer): unparseable answers get
+    reward 0 without simulating."""
     def score(task, completion):
-        answer = common.parse_answer(completion.text)
-        if answer.reason not in ("ok", "no_filename"):
-            s = Score(0.0, "parse_error")
-            return lambda: s
-        future = pool.submit(sim.job_from_task(task, answer.code, target_mode=target_mode))
-
-        def wait():
-            r = future.result()
-            cov = None if r.overall_pct is None else r.overall_pct / 100.0
-            return Score(float(sim.reward(r)), r.status, cov, bool(r.passed), bool(r.compile_ok), True, r)
-        return wait
+        _, wait = submit_answer(pool, task, completion.text, target_mode)
+        return lambda: Score.of(wait())
     return score
 
 

@@ -49,7 +49,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
 
+import common  # noqa: E402
+import rundir  # noqa: E402
+import sim  # noqa: E402
 from data import teacher as teacher_mod  # noqa: E402
+from data.designs import contamination_filter, generate_tasks  # noqa: E402
+from onpolicy import feedback_result, is_parse_failure, result_reward, score_answers  # noqa: E402
 
 MIN_GAIN_PCT = 1.0          # overall coverage must rise by more than 1 point (0.01 as a fraction)
 MEDIAN_MINUS_WORST = 0.1    # keep the median state only if median - worst > 0.1 (fraction)
@@ -57,47 +62,9 @@ STATE_LEVELS = ("minimal", "weak", "medium")
 
 
 # ----------------------------------------------------------------------------------------------
-# Scoring
+# Scoring: onpolicy.score_answers (parse -> simulate; a parse failure is a result whose status is
+# no_code / truncated, never simulated) and onpolicy.result_reward (sim.reward on a result dict)
 # ----------------------------------------------------------------------------------------------
-
-PARSE_FAILURES = ("no_code", "truncated")   # result statuses of answers that were not simulated
-
-
-def parse_failure_result(reason):
-    """The result dict of an answer that did not parse (common.parse_answer reason no_code/truncated)."""
-    return {"status": reason, "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
-
-
-def is_parse_failure(res):
-    return res is None or res.get("status") in PARSE_FAILURES
-
-
-def sim_score(pairs, workers=None):
-    """[(task, answer_text)] -> [result dict] with the kit's scorer. Only usable answers are simulated
-    (common.parse_answer reason ok / no_filename, as in evaluate.py); the others get the result
-    {"status": "no_code" | "truncated", "overall_pct": None, ...} (a parse failure)."""
-    import common
-    import sim
-    jobs, idx = [], []
-    out = [None] * len(pairs)
-    for i, (task, answer) in enumerate(pairs):
-        a = common.parse_answer(answer or "")
-        if a.reason not in ("ok", "no_filename") or not a.code:
-            out[i] = parse_failure_result(a.reason if a.reason in PARSE_FAILURES else "no_code")
-            continue
-        jobs.append(sim.job_from_task(task, a.code))
-        idx.append(i)
-    for i, r in zip(idx, sim.simulate_many(jobs, workers=workers)):
-        out[i] = r.to_dict()
-    return out
-
-
-def reward(res):
-    """sim.reward on a result dict: 1 + overall/100 when it ran with coverage, else 0."""
-    if res.get("status") == "ok" and res.get("overall_pct") is not None:
-        return 1.0 + res["overall_pct"] / 100.0
-    return 0.0
-
 
 def rank_key(res):
     """Total order of results (LLM4Cov CovResult): ran, has coverage, overall."""
@@ -115,11 +82,11 @@ def improvement(before, after):
       the new testbench runs with coverage;
     refine_coverage: both ran; overall rises by > MIN_GAIN_PCT points and no metric's pct falls.
     """
-    if reward(after) == 0.0:
+    if result_reward(after) == 0.0:
         return None
     if is_parse_failure(before):
         return "refine_parse"
-    if reward(before) == 0.0:
+    if result_reward(before) == 0.0:
         return "refine_compile"
     if after["overall_pct"] - before["overall_pct"] <= MIN_GAIN_PCT:
         return None
@@ -137,10 +104,10 @@ def select_states(runs):
     lowest-coverage run below 100 % (always kept); "median" only if median - worst > 0.1 (fraction).
     """
     out = []
-    fails = [r for r in runs if reward(r[1]) == 0.0]
+    fails = [r for r in runs if result_reward(r[1]) == 0.0]
     if fails:
         out.append((fails[0][0], fails[0][1], "fail"))
-    ok = sorted((r for r in runs if reward(r[1]) > 0 and r[1]["overall_pct"] < 100.0),
+    ok = sorted((r for r in runs if result_reward(r[1]) > 0 and r[1]["overall_pct"] < 100.0),
                 key=lambda r: r[1]["overall_pct"])
     if ok:
         out.append((ok[0][0], ok[0][1], "worst"))
@@ -155,25 +122,21 @@ def select_states(runs):
 # ----------------------------------------------------------------------------------------------
 
 def canonical(answer):
-    import common
     a = common.parse_answer(answer)
     return common.render_answer(a.filename, a.code)
 
 
 def direct_row(task, answer, res, stage=0):
-    import common
     msgs = common.build_messages(task) + [{"role": "assistant", "content": canonical(answer)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": "direct",
-            "reward_before": None, "reward_after": reward(res)}
+            "reward_before": None, "reward_after": result_reward(res)}
 
 
 def refine_row(task, state_answer, state_res, answer, res, kind, stage):
-    import common
-    state = None if is_parse_failure(state_res) else state_res     # parse failure: no sim result
-    msgs = common.refine_messages(task, state_answer, state)
+    msgs = common.refine_messages(task, state_answer, feedback_result(state_res))
     msgs = list(msgs) + [{"role": "assistant", "content": canonical(answer)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": kind,
-            "reward_before": reward(state_res), "reward_after": reward(res)}
+            "reward_before": result_reward(state_res), "reward_after": result_reward(res)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,9 +146,9 @@ def refine_row(task, state_answer, state_res, answer, res, kind, stage):
 def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
     """Direct rows: for each task the best of n teacher answers, kept if it ran with coverage.
 
-    Returns (rows, stats). score_fn([(task, answer)]) -> [result dict] defaults to sim_score.
+    Returns (rows, stats). score_fn([(task, answer)]) -> [result dict] defaults to onpolicy.score_answers.
     """
-    score_fn = score_fn or (lambda pairs: sim_score(pairs, workers))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers))
     answers = teacher.direct(tasks, n)
     pairs = [(t, a) for t, ans in zip(tasks, answers) for a in ans]
     results = score_fn(pairs)
@@ -194,7 +157,7 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
         runs = list(zip(ans, results[k:k + len(ans)]))
         k += len(ans)
         best = max(runs, key=lambda r: rank_key(r[1]))
-        if reward(best[1]) == 0.0:
+        if result_reward(best[1]) == 0.0:
             dropped += 1
             continue
         rows.append(direct_row(t, best[0], best[1], stage=0))
@@ -222,7 +185,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     """Refinement rows from runs [(task, answer)]: score, select worst-first states per design, let the
     teacher refine (up to `rounds` times, each from the previous improved answer), filter by
     improvement, keep the largest reward gain per design. Returns (rows, stats)."""
-    score_fn = score_fn or (lambda pairs: sim_score(pairs, workers))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers))
     results = score_fn(state_pairs)
     by_task, tasks = {}, {}
     for (t, a), r in zip(state_pairs, results):
@@ -245,7 +208,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
         if not cur:
             break
         # the teacher sees None for a parse failure (common.refine_messages' convention)
-        new_answers = teacher.refine([(t, a, None if is_parse_failure(r) else r) for t, a, r in cur])
+        new_answers = teacher.refine([(t, a, feedback_result(r)) for t, a, r in cur])
         new_results = score_fn([(t, a) for (t, _, _), a in zip(cur, new_answers)])
         nxt = []
         for (t, a0, r0), a1, r1 in zip(cur, new_answers, new_results):
@@ -255,7 +218,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
             if kind is None:
                 stats["rejected_no_improvement"] += 1
                 continue
-            gain = reward(r1) - reward(r0)
+            gain = result_reward(r1) - result_reward(r0)
             if t["id"] not in best or gain > best[t["id"]][0]:
                 best[t["id"]] = (gain, refine_row(t, a0, r0, a1, r1, kind, stage))
             if r1.get("overall_pct") is not None and r1["overall_pct"] < 100.0:
@@ -362,7 +325,6 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
 
 
 def _load_model_and_adapter(name, adapter, quant):
-    import common
     model, tok = common.load_model(name, quant=quant)
     if adapter:
         model = common.load_adapter(model, adapter)
@@ -415,14 +377,11 @@ def main(argv=None):
         ap.error("give at most one of --teacher-url and --teacher-hf")
     t_start = time.time()
     if args.tasks:
-        import sim
         tasks = sim.load_tasks(args.tasks)
     else:
-        from data.designs import generate_tasks
         tasks = generate_tasks(args.synthetic, args.seed, "train")
     extra = {}
     if args.decontaminate:
-        from data.designs import contamination_filter
         td = time.time()
         n_before = len(tasks)
         tasks, dropped = contamination_filter(tasks, args.decontaminate, threshold=args.threshold)

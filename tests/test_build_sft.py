@@ -2,12 +2,16 @@
 
 Run: python -m pytest -q tests/test_build_sft.py
 """
+import json
 import re
 
 import pytest
 
-common = pytest.importorskip("common")
-from data import build_sft  # noqa: E402
+import common
+import onpolicy
+from data import build_sft
+from data import teacher as teacher_mod
+from data.designs import generate_tasks
 
 
 def task(i):
@@ -151,9 +155,9 @@ def build_sft_score(pairs):
 
 
 def test_sim_score_does_not_simulate_parse_failures():
-    out = build_sft.sim_score([(task(0), "no code here"), (task(0), "filename: tb.sv\n```systemverilog\nmodule tb;\n")])
+    out = onpolicy.score_answers([(task(0), "no code here"), (task(0), "filename: tb.sv\n```systemverilog\nmodule tb;\n")])
     assert [r["status"] for r in out] == ["no_code", "truncated"]
-    assert all(build_sft.is_parse_failure(r) and build_sft.reward(r) == 0.0 for r in out)
+    assert all(onpolicy.is_parse_failure(r) and onpolicy.result_reward(r) == 0.0 for r in out)
     ok = {"status": "ok", "overall_pct": 40.0, "metrics": {}}
     assert build_sft.improvement(out[0], ok) == "refine_parse"
     assert build_sft.improvement(out[1], ok) == "refine_parse"
@@ -166,7 +170,7 @@ def _template_score(pairs):
     for _, a in pairs:
         p = common.parse_answer(a or "")
         if p.reason not in ("ok", "no_filename"):
-            out.append(build_sft.parse_failure_result(p.reason))
+            out.append(onpolicy.parse_failure(p.reason))
         else:
             out.append({"status": "ok", "overall_pct": 80.0, "uncovered": [], "errors": [],
                         "metrics": {"block": {"covered": 4, "total": 5, "pct": 80.0}}})
@@ -176,7 +180,6 @@ def _template_score(pairs):
 def test_stage2_from_tiny_model_rollouts():
     """Stage 2 end to end with a tiny random model: its rollouts are junk (parse failures), the template
     teacher labels them with its strong template, rows are refine_parse on the memoryless state."""
-    from data import teacher as teacher_mod
     model, tok = common.tiny_model(seed=0)
     tasks = [task(0), task(1)]
     states_fn = build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0)
@@ -187,7 +190,7 @@ def test_stage2_from_tiny_model_rollouts():
     teacher = teacher_mod.TemplateTeacher("strong")
     rows, st = build_sft.build_stage2(tasks, teacher, stage1, lambda ts: pairs, score_fn=_template_score, rounds=1)
     assert rows[0] == stage1[0] and st["runs"] == 4 and st["states_by_tag"] == {"fail": 2}
-    assert set(st["runs_by_status"]) <= set(build_sft.PARSE_FAILURES)
+    assert set(st["runs_by_status"]) <= set(onpolicy.PARSE_FAILURES)
     new = rows[1:]
     assert [r["kind"] for r in new] == ["refine_parse", "refine_parse"] and [r["stage"] for r in new] == [2, 2]
     for r, t in zip(new, tasks):
@@ -212,8 +215,6 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
     """The whole flow through the CLI: 2 synthetic designs, one of them also in the 'eval' file
     (dropped by --decontaminate), stages 0-1 with the template teacher, stage 2 from a saved tiny
     model + LoRA adapter (junk rollouts -> refine_parse rows), build_info.json complete."""
-    import json
-    from data.designs import generate_tasks
     m, a = _save_tiny(tmp_path)
     train = generate_tasks(2, 0, "train", families=["parity", "decoder"])
     (tmp_path / "eval.jsonl").write_text(json.dumps(train[1]) + "\n")

@@ -12,6 +12,7 @@ import pytest
 import chorus_mini
 import common
 import evaluate
+import onpolicy
 import sim
 
 CNT = """module cnt(input clk, input rst, input en, output reg [1:0] q);
@@ -122,6 +123,9 @@ def test_result_key_orders_parse_compile_run_coverage_pass():
               r("ok", pct=50.0), r("ok", pct=89.9), r("ok", pct=90.0, passed=True), r("ok", pct=100.0, passed=True)]
     keys = [evaluate.result_key(x) for x in ladder]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    for reason in onpolicy.PARSE_FAILURES:    # a parse failure is the same bottom as "no result"
+        assert evaluate.result_key(onpolicy.parse_failure(reason)) == evaluate.result_key(None)
+        assert not evaluate.syn_ok(onpolicy.parse_failure(reason))
     assert evaluate.coverage(r("timeout", pct=80.0)) == 0.0             # a failed run counts as 0
     assert [evaluate.syn_ok(x) for x in ladder] == [False, False, False, True, True, True, True, True]
 
@@ -172,7 +176,7 @@ def test_scripted_agentic_eval_through_the_scorer(tmp_path):
                    ("t_mux", 1): [0.0, 0.0, 50.0],          # unparsed, broken, fixed
                    ("t_mux", 2): [50.0, 50.0, 100.0]}
     assert by[("t_cnt", 2)]["rounds"][1]["answer"]["reason"] == "truncated"
-    assert by[("t_cnt", 2)]["rounds"][1]["result"] is None and by[("t_cnt", 2)]["rounds"][0]["result"]["status"] == "compile_error"
+    assert by[("t_cnt", 2)]["rounds"][1]["result"]["status"] == "truncated" and by[("t_cnt", 2)]["rounds"][0]["result"]["status"] == "compile_error"
 
     # the state each round showed: best-so-far by >=, an unparsed best restarts from the initial prompt
     states = {k: [r["state_round"] for r in s["rounds"]] for k, s in by.items()}

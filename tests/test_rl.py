@@ -504,10 +504,16 @@ def test_sim_score_fn_rewards_a_real_testbench():
         good = score(AND_TASK, SimpleNamespace(text=GOOD_TB))()
         bad = score(AND_TASK, SimpleNamespace(text=BAD_TB))()
         unparsed = score(AND_TASK, SimpleNamespace(text="no code here"))()
+        cut = score(AND_TASK, SimpleNamespace(text="filename: tb.sv\n```systemverilog\nmodule tb;\n  reg a;"))()
     assert good.status == "ok" and 1.0 < good.reward <= 2.0 and good.compile_ok and good.parsed
     assert good.reward == pytest.approx(1 + good.coverage)
+    assert good.reward == sim.reward(sim.SimResult.from_dict(good.result))   # one reward: sim.reward
     assert bad.reward == 0.0 and not bad.compile_ok and bad.parsed
-    assert unparsed.reward == 0.0 and unparsed.status == "parse_error" and unparsed.result is None
+    # one way to say "did not parse": a result whose status is the parse reason, never simulated
+    assert unparsed.reward == 0.0 and unparsed.status == "no_code" and not unparsed.parsed
+    assert unparsed.result == onpolicy.parse_failure("no_code") and onpolicy.is_parse_failure(unparsed.result)
+    assert cut.reward == 0.0 and cut.status == "truncated" and onpolicy.feedback_result(cut.result) is None
+    assert onpolicy.feedback_result(bad.result) is bad.result
 
 
 @pytest.mark.needs_iverilog
