@@ -42,6 +42,7 @@ import numpy as np
 
 import common
 import onpolicy
+import rundir
 import sim
 
 Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
@@ -277,11 +278,9 @@ def write_eval(out_dir, samples, metrics, config):
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     headline = {mode: {k: v for k, v in m.items() if k != "per_task"}
                 for mode, m in metrics.items() if mode in ("direct", "agentic")}
-    (out / "result.json").write_text(json.dumps(
-        {"config": config, "setup": {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
-                                     "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()},
-         "outcome": headline}, indent=1))
-    (out / "done.json").write_text(json.dumps({"metrics": "metrics.json"}))
+    rundir.write_result(out, config, {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
+                                      "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()}, headline)
+    rundir.write_done(out, "evaluate.py", {"metrics": "metrics.json", "samples": "samples.jsonl", "result": "result.json"})
 
 
 def summary_lines(metrics):
@@ -400,6 +399,11 @@ def compare(result_dirs, out_dir=None, mode=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.json").write_text(json.dumps(result, indent=1))
         _heatmap(pass_rate, cov_mean, tasks, names, out / "compare.png")
+        rundir.write_result(out, {"results": [str(d) for d in result_dirs], "mode": mode},
+                            {"tasks": len(tasks), "dropped_tasks": len(result["dropped_tasks"])},
+                            {"tasks": len(tasks), **{k: result[k] for k in ("mode", "models", "per_model", "best_single",
+                                                                           "oracle", "solved_by_a_not_b")}})
+        rundir.write_done(out, "evaluate.py", {"compare": "compare.json", "plot": "compare.png", "result": "result.json"})
     return result
 
 

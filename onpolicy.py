@@ -15,11 +15,13 @@ reading its token log-probs. Both trainers import from here; neither imports the
 import argparse
 import contextlib
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import common
 import sim
@@ -83,14 +85,27 @@ def submit_answer(pool, task, text, target_mode="cvdp"):
     return answer, lambda: future.result().to_dict()
 
 
-def score_answers(pairs, workers=None, target_mode="cvdp"):
-    """[(task, answer text)] -> [result dict], in order; the parsed ones simulated by sim.simulate_many."""
+def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate"):
+    """[(task, answer text)] -> [result dict], in order. The parsed answers are simulated with `workers`
+    processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status."""
     answers = [common.parse_answer(text or "") for _, text in pairs]
     todo = [i for i, a in enumerate(answers) if a.reason not in PARSE_FAILURES]
     jobs = [sim.job_from_task(pairs[i][0], answers[i].code, target_mode=target_mode) for i in todo]
     out = [parse_failure(a.reason) for a in answers]
-    for i, r in zip(todo, sim.simulate_many(jobs, workers=workers)):
-        out[i] = r.to_dict()
+    counts = {}
+    with tqdm(total=len(jobs), desc=desc, dynamic_ncols=True, disable=not jobs) as bar, \
+            contextlib.ExitStack() as stack:
+        if (workers or os.cpu_count() or 1) > 1 and len(jobs) > 1:
+            pool = stack.enter_context(sim.SimPool(workers))
+            futures = [pool.submit(j) for j in jobs]
+            done = (f.result() for f in futures)
+        else:
+            done = (sim.simulate(j) for j in jobs)
+        for i, r in zip(todo, done):
+            out[i] = r.to_dict()
+            counts[r.status] = counts.get(r.status, 0) + 1
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items())), refresh=False)
+            bar.update(1)
     return out
 
 

@@ -35,7 +35,10 @@ CLI:
       --decontaminate ../shared/data/dev_tasks.jsonl                           # drop dev look-alikes
   python data/build_sft.py ... --teacher-url http://127.0.0.1:8000 --teacher-model NAME   # chat teacher
   python data/build_sft.py ... --stage2-model Qwen/Qwen3-4B-Instruct-2507 --stage2-adapter runs/sft1/adapter
-Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model),
+A design the teacher cannot drive (data.teacher.TeacherError, e.g. a port of non-integral type) is
+counted by reason and skipped. Simulation phases show a tqdm bar.
+Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model), result.json
+(sizes, skipped designs by reason) and done.json (rundir.py's run folder), and
 build_info.json: config, per-stage stats (runs/states/candidates by status, kept rows by kind),
 sizes (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage, stage-2 rollouts,
 total), decontamination (eval files, threshold, dropped ids with their F1) and stage2_policy.
@@ -43,9 +46,12 @@ total), decontamination (eval files, threshold, dropped ids with their F1) and s
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
+
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
 
@@ -143,17 +149,45 @@ def refine_row(task, state_answer, state_res, answer, res, kind, stage):
 # Stages
 # ----------------------------------------------------------------------------------------------
 
+def teacher_reason(err):
+    """What a TeacherError is counted under: its message without the design's id and names."""
+    reason = re.sub(r"'[^']*'", "'*'", str(err).split(": ", 1)[-1])
+    return re.sub(r"(non-integral type) .*", r"\1", reason)
+
+
+def teacher_direct(tasks, teacher, n):
+    """(kept tasks, their n teacher answers each, {reason: count} of the skipped ones). A design the teacher
+    cannot drive (data.teacher.TeacherError, e.g. a port of non-integral type) is counted and skipped; the
+    batch call is tried first (an HF teacher generates in batches), then task by task."""
+    try:
+        return list(tasks), teacher.direct(tasks, n), {}
+    except teacher_mod.TeacherError:
+        pass
+    kept, answers, skipped = [], [], {}
+    for t in tqdm(tasks, desc="teacher", dynamic_ncols=True):
+        try:
+            answers.append(teacher.direct([t], n)[0])
+        except teacher_mod.TeacherError as e:
+            print(f"build_sft: skipped, the teacher cannot drive it: {e}", file=sys.stderr)
+            skipped[teacher_reason(e)] = skipped.get(teacher_reason(e), 0) + 1
+            continue
+        kept.append(t)
+    return kept, answers, skipped
+
+
 def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
     """Direct rows: for each task the best of n teacher answers, kept if it ran with coverage.
 
-    Returns (rows, stats). score_fn([(task, answer)]) -> [result dict] defaults to onpolicy.score_answers.
+    Returns (rows, stats); stats["skipped_ids"] are the designs the teacher cannot drive (counted per
+    reason in stats["skipped_by_reason"]). score_fn([(task, answer)]) -> [result dict] defaults to
+    onpolicy.score_answers.
     """
-    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers))
-    answers = teacher.direct(tasks, n)
-    pairs = [(t, a) for t, ans in zip(tasks, answers) for a in ans]
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers"))
+    kept, answers, skipped = teacher_direct(tasks, teacher, n)
+    pairs = [(t, a) for t, ans in zip(kept, answers) for a in ans]
     results = score_fn(pairs)
     rows, dropped, k = [], 0, 0
-    for t, ans in zip(tasks, answers):
+    for t, ans in zip(kept, answers):
         runs = list(zip(ans, results[k:k + len(ans)]))
         k += len(ans)
         best = max(runs, key=lambda r: rank_key(r[1]))
@@ -161,7 +195,10 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
             dropped += 1
             continue
         rows.append(direct_row(t, best[0], best[1], stage=0))
-    return rows, {"tasks": len(tasks), "tries": n, "rows": len(rows), "dropped_no_coverage": dropped}
+    kept_ids = {t["id"] for t in kept}
+    return rows, {"tasks": len(tasks), "tries": n, "rows": len(rows), "dropped_no_coverage": dropped,
+                  "skipped_teacher": sum(skipped.values()), "skipped_by_reason": skipped,
+                  "skipped_ids": [t["id"] for t in tasks if t["id"] not in kept_ids]}
 
 
 def state_policy_runs(tasks, levels=STATE_LEVELS, fail_fraction=0.3, seed=0):
@@ -185,7 +222,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     """Refinement rows from runs [(task, answer)]: score, select worst-first states per design, let the
     teacher refine (up to `rounds` times, each from the previous improved answer), filter by
     improvement, keep the largest reward gain per design. Returns (rows, stats)."""
-    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc=f"stage {stage}: states / refinements"))
     results = score_fn(state_pairs)
     by_task, tasks = {}, {}
     for (t, a), r in zip(state_pairs, results):
@@ -283,21 +320,27 @@ def write_jsonl(path, rows):
 def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
               states_fn=None, stage2_rounds=None, extra_info=None):
     """Stages 0 and 1 (and stage 2 when `states_fn` is given) into out_dir: stage0.jsonl, stage1.jsonl,
-    [stage2.jsonl], build_info.json. Returns the info: {tasks, config, stage0/1/2 stats, sizes
-    (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage and total), plus
-    `extra_info` (e.g. the decontamination report)}."""
+    [stage2.jsonl], build_info.json, then result.json and done.json (rundir.py's run folder). Returns the
+    info: {tasks, config, stage0/1/2 stats, sizes (rows per stage), sizes_by_kind (rows per stage and kind),
+    seconds (per stage and total), plus `extra_info` (e.g. the decontamination report)}. Designs the teacher
+    cannot drive are skipped after stage 0's try (stage0.skipped_by_reason) and left out of stages 1 and 2."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "done.json").unlink(missing_ok=True)
     t0 = time.time()
     s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers)
     t1 = time.time()
-    print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)")
+    print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)"
+          + (f"; skipped {st0['skipped_teacher']} the teacher cannot drive: {st0['skipped_by_reason']}"
+             if st0["skipped_teacher"] else ""))
+    all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
     s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds)
     t2 = time.time()
     print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
           f"from {st1['states']} states ({t2 - t1:.0f} s)")
     write_jsonl(out_dir / "stage0.jsonl", s0)
     write_jsonl(out_dir / "stage1.jsonl", s1)
-    info = {"tasks": len(tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
+    info = {"tasks": len(all_tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
                                              "teacher": type(teacher).__name__},
             **(extra_info or {}),
             "stage0": st0, "stage1": st1, "sizes": {"stage0": len(s0), "stage1": len(s1)},
@@ -318,9 +361,13 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
         info["seconds"]["stage2_rollouts"] = st2["states_fn_s"]
         info["seconds"]["stage2"] = round(t3 - t2, 1)
     info["seconds"]["total"] = round(time.time() - t0 + (extra_info or {}).get("seconds_before_build", 0.0), 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "build_info.json", "w") as f:
+    with open(out_dir / "build_info.json", "w") as f:         # every statistic, for people
         json.dump(info, f, indent=2)
+    rundir.write_result(out_dir, info["config"], {"tasks": len(all_tasks), "seconds": info["seconds"]},
+                        {"sizes": info["sizes"], "sizes_by_kind": info["sizes_by_kind"], "drivable_tasks": len(tasks),
+                         "skipped_by_reason": st0["skipped_by_reason"]})
+    files = {k: f"{k}.jsonl" for k in info["sizes"]}
+    rundir.write_done(out_dir, "data/build_sft.py", {**files, "info": "build_info.json", "result": "result.json"})
     return info
 
 

@@ -201,6 +201,32 @@ def test_stage2_from_tiny_model_rollouts():
     assert "states_fn_s" in st
 
 
+UNDRIVABLE_RTL = ("module grid(input clk, input logic [3:0] col_index [0:1], output y);\n"
+                  "  assign y = col_index[0][0];\nendmodule\n")
+
+
+def test_a_design_the_teacher_cannot_drive_is_counted_and_skipped(tmp_path):
+    """Issue 16: a port of non-integral type (an unpacked array) makes the template teacher raise
+    TeacherError; the build counts it by reason, leaves it out of every stage, and goes on."""
+    bad = {**task(9), "id": "grid", "dut_module_name": "grid",
+           "rtl_files": [{"name": "grid.sv", "content": UNDRIVABLE_RTL}]}
+    with pytest.raises(teacher_mod.TeacherError, match="non-integral"):
+        teacher_mod.template_answer(bad, "strong", 0)
+    tasks = [task(0), bad, task(1)]
+    info = build_sft.build_all(tasks, tmp_path / "out", teacher_mod.TemplateTeacher("strong"), n=1,
+                               fail_fraction=0.0, rounds=1, score_fn=_template_score)
+    reason = "port '*' has non-integral type"
+    assert info["tasks"] == 3 and info["stage0"]["skipped_by_reason"] == {reason: 1}
+    assert info["stage0"]["skipped_ids"] == ["grid"] and info["stage1"]["designs"] == 2
+    rows = [json.loads(x) for k in ("stage0", "stage1") for x in (tmp_path / "out" / f"{k}.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in rows} == {"t0", "t1"}
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["outcome"]["skipped_by_reason"] == {reason: 1} and result["outcome"]["drivable_tasks"] == 2
+    assert result["outcome"]["sizes"] == info["sizes"]
+    done = json.loads((tmp_path / "out" / "done.json").read_text())
+    assert done["script"] == "data/build_sft.py" and done["files"]["stage1"] == "stage1.jsonl"
+
+
 def _save_tiny(tmp_path):
     model, tok = common.tiny_model(seed=0)
     model.save_pretrained(tmp_path / "m")
@@ -226,6 +252,8 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
                            "--quant", "fp32"])
     saved = json.loads((out / "build_info.json").read_text())
     assert saved == json.loads(json.dumps(info))
+    assert json.loads((out / "result.json").read_text())["outcome"]["sizes"] == saved["sizes"]
+    assert (out / "done.json").is_file()
     assert saved["decontamination"]["dropped"] == 1 and saved["decontamination"]["kept"] == 1
     assert saved["decontamination"]["dropped_rows"][0]["id"] == train[1]["id"]
     assert saved["tasks"] == 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import common
+import rundir
 import sft
 
 
@@ -91,7 +92,7 @@ def test_sft_lowers_loss_and_saves_a_reloadable_adapter(rows, tmp_path):
     after = set_loss(trained, tok, rows)
     assert after < before - 0.3, (before, after)
     out = tmp_path / "s0"
-    for name in ("adapter/adapter_config.json", "log.jsonl", "loss.png", "result.json", "done.json"):
+    for name in ("adapter/adapter_config.json", "log.jsonl", "curves.png", "result.json", "done.json"):
         assert (out / name).exists(), name
     result = json.loads((out / "result.json").read_text())
     assert result["setup"]["rows_used"] == 8 and result["setup"]["steps"] == 12
@@ -127,6 +128,7 @@ def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
     model, tok = fresh()
     part = sft.train_sft(model, tok, rows, tmp_path / "split", stop_after_steps=3, **kw)
     assert not part["outcome"]["finished"] and not (tmp_path / "split" / "done.json").exists()
+    assert rundir.latest_checkpoint(tmp_path / "split" / "ckpt").name == "step_000003"   # rl.py's format
     model, tok = fresh()
     with pytest.raises(ValueError, match="batch_size"):          # the data cursor needs the same batching
         sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **{**kw, "batch_size": 4})
