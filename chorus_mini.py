@@ -38,7 +38,8 @@ Stages:
                on the eval tasks and on the synthetic test tasks
    report      OUT/report/: report.md, report.json and the plots
 
-Other subcommands: eval, compare, generate (evaluate.py); select-tasks and tiny-model (steps of `run`).
+Other subcommands: eval, compare, generate (the same as evaluate.py's); select-tasks and tiny-model (steps of
+`run`).
 """
 import argparse
 import ast
@@ -517,7 +518,7 @@ def merge_cmd(c, o, name):
 
 
 def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
-    return Cmd(["python", "chorus_mini.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
+    return Cmd(["python", "evaluate.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
                 *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
                       max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
                       sim_workers=c["sim_workers"], target_mode=c["target_mode"])],
@@ -828,13 +829,7 @@ def main(argv=None):
     p = sub.add_parser("tiny-model", help="save the tiny random test model as an HF folder")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
-    commands = {
-        "eval": (evaluate.add_eval_args, evaluate.cmd_eval, "score a model on a task file"),
-        "compare": (evaluate.add_compare_args, evaluate.cmd_compare, "compare several eval results"),
-        "generate": (evaluate.add_generate_args, evaluate.cmd_generate, "best testbench for one design"),
-    }
-    for name, (add_args, _, help_text) in commands.items():
-        add_args(sub.add_parser(name, help=help_text))
+    evaluate.add_commands(sub)                        # eval, compare, generate
     args = parser.parse_args(argv)
     if args.command == "run":
         return cmd_run(args)
@@ -844,8 +839,8 @@ def main(argv=None):
         return select_tasks(args.tasks, args.limit, args.max_chars, args.out) or 0
     if args.command == "tiny-model":
         return make_tiny_model(args.out, args.seed) or 0
-    return commands[args.command][1](args)
+    return args.func(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(rundir.cli("chorus_mini.py", main))

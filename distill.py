@@ -437,4 +437,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(rundir.cli("distill.py", main))

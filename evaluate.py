@@ -1,9 +1,10 @@
 """Evaluation protocol: the memoryless agentic loop, the paper's metrics, model comparison, and the
 everyday `generate` command. Every later stage reports its numbers through this file.
 
-    python chorus_mini.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
-    python chorus_mini.py compare DIR1 DIR2 ... --out DIR
-    python chorus_mini.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
+    python evaluate.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
+    python evaluate.py compare DIR1 DIR2 ... --out DIR
+    python evaluate.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
+(`python chorus_mini.py eval|compare|generate ...` are the same commands.)
 
 The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, default 3):
 1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
@@ -30,6 +31,7 @@ Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same
 split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
 tuned on one and reported on the other.
 """
+import argparse
 import hashlib
 import itertools
 import json
@@ -339,7 +341,7 @@ def add_eval_args(p):
 def cmd_eval(args):
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
     rounds = 0 if args.mode == "direct" else args.rounds
-    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     config["rounds"] = rounds
     print(f"eval: {len(tasks)} tasks x {args.n} samples, {rounds} refinement rounds, "
           f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}")
@@ -501,3 +503,31 @@ def cmd_generate(args):
     print(f"generate: best from sample {rep['sample']} round {rep['round']}: status {res.get('status', 'unparsed')}, "
           f"coverage {res.get('overall_pct')}, passed {res.get('passed', False)} -> {args.out}/{rep['filename']}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI (chorus_mini.py offers the same subcommands)
+
+COMMANDS = {"eval": (add_eval_args, cmd_eval, "score a model on a task file"),
+            "compare": (add_compare_args, cmd_compare, "compare several eval results"),
+            "generate": (add_generate_args, cmd_generate, "best testbench for one design")}
+
+
+def add_commands(sub):
+    """The eval / compare / generate subparsers, each with its function as `func`."""
+    for name, (add_args, fn, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.set_defaults(func=fn)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(rundir.cli("evaluate.py", main))

@@ -402,4 +402,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(rundir.cli("rl.py", main))

@@ -15,6 +15,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -227,3 +228,20 @@ def finish_run(out, script, model, result):
     result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
     write_result(out, result["config"], result["setup"], result["outcome"])
     return write_done(out, script, {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
+
+
+# -----------------------------------------------------------------------------
+# The command-line boundary
+
+BAD_INPUT = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def cli(prog, main, argv=None):
+    """Run a script's main(argv) and return its exit code; bad input (a malformed or missing file: the
+    project's readers raise ValueError naming the file and line) ends in one line on stderr and exit 1."""
+    try:
+        code = main(argv)
+    except BAD_INPUT as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return code if isinstance(code, int) else 0

@@ -340,4 +340,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rundir.cli("sft.py", main))

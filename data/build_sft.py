@@ -468,4 +468,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(rundir.cli("data/build_sft.py", main))

@@ -9,6 +9,7 @@ import pytest
 
 import common
 import onpolicy
+import rundir
 from data import build_sft
 from data import teacher as teacher_mod
 from data.designs import generate_tasks
@@ -265,3 +266,11 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
     assert all(r["task_id"] == train[0]["id"] for v in rows.values() for r in v)
     assert set(saved["seconds"]) >= {"stage0", "stage1", "stage2", "stage2_rollouts", "total"}
     assert saved["stage2_policy"]["adapter"] == a and saved["stage2"]["runs"] == 2
+
+
+def test_a_malformed_task_file_ends_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text(json.dumps(task(0)) + "\n" + json.dumps({"id": "x"}) + "\n")
+    assert rundir.cli("data/build_sft.py", build_sft.main, ["--tasks", str(bad), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"data/build_sft.py: error: {bad}:2: task is missing field(s)") and len(err.splitlines()) == 1

@@ -6,6 +6,9 @@ Run: python -m pytest -q tests/test_evaluate.py
 import json
 import math
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,7 @@ import chorus_mini
 import common
 import evaluate
 import onpolicy
+import rundir
 import sim
 
 CNT = """module cnt(input clk, input rst, input en, output reg [1:0] q);
@@ -265,3 +269,28 @@ def test_cli_eval_with_the_tiny_random_model_scores_zero(tmp_path):
     shutil.copytree(tmp_path / "ev", tmp_path / "ev_copy")
     assert chorus_mini.main(["compare", str(tmp_path / "ev"), str(tmp_path / "ev_copy"), "--out", str(tmp_path / "cmp")]) == 0
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["oracle"]["solved"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command line: --help, and bad input in one line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_evaluate_help_lists_its_subcommands():
+    p = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "usage: evaluate.py" in p.stdout and "{eval,compare,generate}" in p.stdout
+
+
+def test_a_malformed_task_file_ends_in_one_line_naming_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "BAD.jsonl"
+    bad.write_text(json.dumps(TASKS[0]) + "\n{not json\n")
+    p = subprocess.run([sys.executable, "chorus_mini.py", "eval", "--tasks", str(bad), "--out", str(tmp_path / "o")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and f"{bad}:2: " in p.stderr
+    assert p.stderr.startswith("chorus_mini.py: error: ")
+    # the same boundary in-process, for evaluate.py and a missing file
+    code = rundir.cli("evaluate.py", evaluate.main, ["eval", "--tasks", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("evaluate.py: error: ") and "none.jsonl" in err and len(err.splitlines()) == 1

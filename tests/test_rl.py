@@ -531,3 +531,11 @@ def test_two_real_steps_with_the_tiny_model_and_the_scorer(tmp_path):
     assert json.loads((out / "result.json").read_text())["outcome"]["steps"] == 2
     assert json.loads((out / "done.json").read_text())["files"]["adapter"] == "adapter"
     assert (out / "adapter" / "adapter_config.json").exists()
+
+
+def test_a_missing_task_file_ends_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "none.jsonl"
+    argv = ["--model", "tiny", "--tasks", str(missing), "--out", str(tmp_path / "o"), "--steps", "1"]
+    assert rundir.cli("rl.py", rl.main, argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rl.py: error: ") and str(missing) in err and len(err.splitlines()) == 1

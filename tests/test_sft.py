@@ -158,3 +158,11 @@ def test_batches_cover_every_row_once_per_epoch():
         assert sorted(i for x in b for i in x) == list(range(7))
         assert b == sft.make_batches(lengths, 3, seed=0, epoch=1, group_by_length=group)
     assert sft.make_batches(lengths, 3, 0, 1) != sft.make_batches(lengths, 3, 0, 2)
+
+
+def test_a_malformed_row_file_ends_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n" + json.dumps({"kind": "x"}) + "\n")
+    assert rundir.cli("sft.py", sft.main, ["--data", str(bad), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"sft.py: error: {bad}:2: row has no 'messages' list\n"
