@@ -410,7 +410,7 @@ def compare(result_dirs, out_dir=None, mode=None):
 
 
 def _heatmap(pass_rate, cov_mean, tasks, names, path):
-    import matplotlib
+    import matplotlib          # optional heavy dependency: only when a plot is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     height = max(3.0, 0.18 * len(tasks) + 1.5)

@@ -50,12 +50,9 @@ import common
 import rundir
 import sim
 from onpolicy import (add_rollout_args, add_runtime_args, build_policy, collect_groups, derive_seed,
-                      disable_dropout, make_model_source, make_optimizer, make_scorer, micro_batches,
-                      per_token_logps, release_fast_default, rollout_metrics, use_adapter)
-
-__all__ = ["compute_advantages", "dapo_loss", "k3_kl", "train_on_batch", "parse_args", "run", "main",
-           # re-exported for bench/bench_4b.py, which builds a policy the way rl.py does
-           "build_policy", "disable_dropout", "make_optimizer", "per_token_logps"]
+                      make_model_source, make_optimizer, make_scorer, micro_batches, per_token_logps,
+                      release_fast_default, rollout_metrics, use_adapter)
+from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
 # -----------------------------------------------------------------------------
