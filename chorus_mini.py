@@ -38,7 +38,8 @@ Stages:
                on the eval tasks and on the synthetic test tasks
    report      OUT/report/: report.md, report.json and the plots
 
-Other subcommands: eval, compare, generate (evaluate.py); select-tasks and tiny-model (steps of `run`).
+Other subcommands: eval, compare, generate (the same as evaluate.py's); select-tasks and tiny-model (steps of
+`run`).
 """
 import argparse
 import ast
@@ -56,6 +57,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import common
+import evaluate
+import rundir
+import sim
 
 ROOT = Path(__file__).resolve().parent
 
@@ -373,16 +379,14 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         print(f"== {name}: {len(commands)} command(s) finished in {time.time() - t0:.0f} s; the stage is not complete "
               "(a subset of it ran): run it again with the full set to finish it")
         return
-    if name in OUTCOMES and not (folder / "result.json").exists():   # stages made of several commands
-        (folder / "result.json").write_text(json.dumps({"config": {"commands": [str(c) for c in commands]},
-                                                        "setup": {"seconds": round(time.time() - t0, 1)},
-                                                        "outcome": OUTCOMES[name](folder)}, indent=1))
-    record = json.loads(done.read_text()) if done.exists() else {}    # the stage script's own done.json
+    if name in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
+        rundir.write_result(folder, {"commands": [str(c) for c in commands]}, {"seconds": round(time.time() - t0, 1)},
+                            OUTCOMES[name](folder))
+    script = rundir.read_done(folder) or {}        # the stage script's own done.json (one shape: rundir)
     ok = lambda xs: max([x for x in xs if x is not None], default=None)
-    record.update(stage=name, commands=[str(c) for c in commands], seconds=round(time.time() - t0, 1),
-                  peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu),
-                  finished_at=datetime.datetime.now().isoformat(timespec="seconds"))
-    done.write_text(json.dumps(record, indent=1))
+    record = rundir.write_done(folder, script.get("script", "chorus_mini.py"), script.get("files"), stage=name,
+                               commands=[str(c) for c in commands], seconds=round(time.time() - t0, 1),
+                               peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu))
     print(f"== {name}: finished in {record['seconds']:.0f} s")
 
 
@@ -398,20 +402,24 @@ def headline(eval_dir):
             for mode in ("direct", "agentic") if mode in m}
 
 
+def outcome_of(folder):
+    """The outcome of a stage script's run folder (its result.json), {} when it wrote none."""
+    return (read_json(Path(folder) / "result.json") or {}).get("outcome") or {}
+
+
 def count_lines(path):
     return sum(1 for line in open(path) if line.strip()) if Path(path).is_file() else None
 
 
 OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write no result.json themselves
     "data": lambda f: {"train_tasks": count_lines(f / "train_tasks.jsonl"), "val_tasks": count_lines(f / "val_tasks.jsonl"),
-                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), **(read_json(f / "build_info.json") or {}).get("sizes", {})},
-    "data2": lambda f: (read_json(f / "build_info.json") or {}).get("sizes"),
-    "merge": lambda f: {m: (read_json(f / m / "merge_report.json") or {}).get("summary") for m in MERGES},
+                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), **outcome_of(f)},   # + build_sft.py's
+    "merge": lambda f: {m: outcome_of(f / m) for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval_syn": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
-    "compare": lambda f: {"oracle": (read_json(f / "experts/compare.json") or {}).get("oracle"),
-                          "oracle_syn": (read_json(f / "experts_syn/compare.json") or {}).get("oracle")},
+    "compare": lambda f: {"oracle": outcome_of(f / "experts").get("oracle"),
+                          "oracle_syn": outcome_of(f / "experts_syn").get("oracle")},
 }
 
 
@@ -460,12 +468,12 @@ def data_cmds(c, o, model_path):
                     done=d / "train_tasks.jsonl"))
     cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
                      *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
-                           workers=c["sim_workers"])], done=d / "build_info.json"))
+                           workers=c["sim_workers"])], done=d / "done.json"))
     return cmds
 
 
 def data2_cmd(c, o, model):
-    import common            # build_sft.py has no default --stage2-model: name the bundled SmolLM2 GGUF
+    # build_sft.py has no default --stage2-model: name the bundled SmolLM2 GGUF
     model = model or common.default_model_path()
     return Cmd(["python", "data/build_sft.py", "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / "data2"),
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
@@ -506,11 +514,11 @@ def merge_cmd(c, o, name):
                 "--out", rel(o / "merge" / name),
                 *opts(space=c["merge_space"], rank=c["merge_rank"], density=c["merge_density"], seed=c["seed"],
                       device=c["merge_device"])],
-               done=o / "merge" / name / "merge_report.json")
+               done=o / "merge" / name / "done.json")
 
 
 def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
-    return Cmd(["python", "chorus_mini.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
+    return Cmd(["python", "evaluate.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
                 *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
                       max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
                       sim_workers=c["sim_workers"], target_mode=c["target_mode"])],
@@ -546,7 +554,7 @@ def model_adapters(o):
 def compare_cmd(o, names, out, sub="eval"):
     dirs = [o / sub / n for n in names]
     argv = ["python", "chorus_mini.py", "compare", *map(rel, dirs), "--out", rel(out)]
-    return Cmd(argv, done=out / "compare.json", fn=lambda: main(argv[2:]))
+    return Cmd(argv, done=out / "done.json", fn=lambda: main(argv[2:]))
 
 
 # -----------------------------------------------------------------------------
@@ -625,8 +633,6 @@ def cmd_run(args):
 def select_tasks(path, limit, max_chars, out):
     """The fixed reporting subset: tasks of evaluate's 'report' split with at most max_chars of RTL+spec,
     ordered by sha256 of the id (independent of file order and seed), the first `limit`."""
-    import evaluate
-    import sim
     tasks = evaluate.split_tasks(sim.load_tasks(path))[1]
     size = lambda t: sum(len(f["content"]) for f in (t.get("rtl_files") or []) + (t.get("spec_files") or []))
     fit = [t for t in tasks if size(t) <= max_chars]
@@ -640,7 +646,6 @@ def select_tasks(path, limit, max_chars, out):
 
 def make_tiny_model(out, seed=0):
     """common.tiny_model saved as an HF folder, so every stage script loads it like any model."""
-    import common
     model, tok = common.tiny_model(seed=seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -663,7 +668,7 @@ LABELS = {"base": "base model", "sft0": "SFT stage 0", "sft1": "SFT stage 1", "s
 
 def results_table(folder, experts, n, paper=False):
     """({model: {direct, agentic}}, markdown rows) from the eval folders under `folder`; the oracle row
-    from the experts' compare.json. Pass@1 carries its 95% bootstrap interval over tasks."""
+    from the experts' compare result. Pass@1 carries its 95% bootstrap interval over tasks."""
     table, rows = {}, []
     for name in LABELS:
         if name == "oracle":
@@ -703,15 +708,15 @@ def report(out):
               f"{os.cpu_count()} cores", "gpu": gpu, "python": platform.python_version(), "versions": versions,
               "iverilog": (ivl or "absent").splitlines()[0], "profile": run["profile"], "seed": c.get("seed")}
     # the tables: one agentic eval run per model gives direct (round 0) and agentic numbers
-    experts = read_json(o / "compare/experts/compare.json")
+    experts = outcome_of(o / "compare/experts")
     table, rows = results_table(o / "eval", experts, c.get("eval_n", 1), paper=True)
-    experts_syn = read_json(o / "compare/experts_syn/compare.json")
+    experts_syn = outcome_of(o / "compare/experts_syn")
     table_syn, rows_syn = results_table(o / "eval_syn", experts_syn, c.get("test_n", 1))
     n = c.get("eval_n", 1)
     pass_n = f"Pass@{n}" if n > 1 else "Pass@n (n=1)"
     # plots: copy the curves the stages drew, so report/ stands alone
     plots = []
-    for src, dst in [*[(o / f"sft{k}/loss.png", f"sft{k}_loss.png") for k in range(3)],
+    for src, dst in [*[(o / f"sft{k}/curves.png", f"sft{k}_curves.png") for k in range(3)],
                      *[(o / f"rl{k}/curves.png", f"rl{k}_curves.png") for k in range(3)],
                      *[(o / v / "curves.png", f"{v}_curves.png") for v in OPD_VARIANTS],
                      (o / "compare/experts/compare.png", "experts_heatmap.png"), (o / "compare/all/compare.png", "all_heatmap.png"),
@@ -739,7 +744,7 @@ def report(out):
           f"| model | direct Pass@1 | {pass_n} | Cov@1 | SynPass | agentic Pass@1 | {pass_n} | Cov@1 | SynPass | paper |",
           "|---" * 10 + "|", *rows, ""]
     oracle_line = lambda e: [f"Oracle union of the experts ({e['mode']}): solves {e['oracle']['solved']} of "
-                             f"{len(e['tasks'])} tasks vs {e['per_model'][e['best_single']]['solved']} for the best "
+                             f"{e['tasks']} tasks vs {e['per_model'][e['best_single']]['solved']} for the best "
                              f"single expert ({e['best_single']}); solved by A not B: {json.dumps(e['solved_by_a_not_b'])}.", ""]
     if experts:
         L += oracle_line(experts)
@@ -760,9 +765,9 @@ def report(out):
         L += [f"OPD student (best expert on the validation tasks): {name(opd['setup']['student'])}; teachers "
               f"{', '.join(map(name, opd['setup']['teachers']))}. Mean gate pass rate of the gated run: "
               f"{opd['outcome'].get('gate_pass_rate')}.", ""]
-    merges = {m: read_json(o / "merge" / m / "merge_report.json") for m in MERGES}
+    merges = {m: outcome_of(o / "merge" / m) for m in MERGES}
     L += ["Merges (" + (c.get("merge_space") or "?") + " space): " + ", ".join(
-        f"{m} SVD rel. error {(rep.get('summary') or {}).get('svd_rel_error_mean', '?')}" for m, rep in merges.items() if rep) + ".", ""]
+        f"{m} SVD rel. error {rep.get('svd_rel_error_mean', '?')}" for m, rep in merges.items() if rep) + ".", ""]
     L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     L += ["## Stages", "", "| stage | time (s) | peak RSS (MiB) | GPU peak (MiB)¹ | outcome |", "|---|---|---|---|---|"]
     for s, d in stages.items():
@@ -775,8 +780,7 @@ def report(out):
     L += [f"| total | {sum(d.get('seconds', 0) for d in stages.values() if d):.0f} | | | |", "",
           "¹ the stage's own torch peak (result.json setup.gpu_peak_mib) when it records one, else nvidia-smi's "
           "whole-GPU peak above the level at the start, polled every 2 s (includes the CUDA context)."]
-    info, data = read_json(o / "data2/build_info.json") or read_json(o / "data/build_info.json") or {}, \
-        (results.get("data") or {}).get("outcome") or {}
+    info, data = outcome_of(o / "data2") or outcome_of(o / "data"), outcome_of(o / "data")
     L += ["", f"Data: {data.get('train_tasks')} train tasks kept of {c.get('train_tasks')} generated (the rest were too "
           f"close to an eval task), {data.get('val_tasks')} validation tasks, {data.get('eval_tasks') or 'the validation'} "
           f"eval tasks; SFT rows per stage: {info.get('sizes')}.", "",
@@ -805,7 +809,6 @@ def report(out):
 # CLI
 
 def main(argv=None):
-    import evaluate
     parser = argparse.ArgumentParser(prog="chorus_mini.py", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -826,13 +829,7 @@ def main(argv=None):
     p = sub.add_parser("tiny-model", help="save the tiny random test model as an HF folder")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
-    commands = {
-        "eval": (evaluate.add_eval_args, evaluate.cmd_eval, "score a model on a task file"),
-        "compare": (evaluate.add_compare_args, evaluate.cmd_compare, "compare several eval results"),
-        "generate": (evaluate.add_generate_args, evaluate.cmd_generate, "best testbench for one design"),
-    }
-    for name, (add_args, _, help_text) in commands.items():
-        add_args(sub.add_parser(name, help=help_text))
+    evaluate.add_commands(sub)                        # eval, compare, generate
     args = parser.parse_args(argv)
     if args.command == "run":
         return cmd_run(args)
@@ -842,8 +839,8 @@ def main(argv=None):
         return select_tasks(args.tasks, args.limit, args.max_chars, args.out) or 0
     if args.command == "tiny-model":
         return make_tiny_model(args.out, args.seed) or 0
-    return commands[args.command][1](args)
+    return args.func(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(rundir.cli("chorus_mini.py", main))

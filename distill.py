@@ -5,7 +5,7 @@
 
 One base model carries every adapter (peft, switched with set_adapter): the trainable "student"
 and K frozen "teacher<i>" adapters. Per step:
- 1. The student samples G rollouts per prompt with RL's two-round structure (rl.py); each round is
+ 1. The student samples G rollouts per prompt with RL's two-round structure (onpolicy.py); each round is
     one group. Each teacher samples k rollouts (default 1) of the same group prompt. All are scored
     with sim.reward.
  2. Gate, per group: t* = argmax_t stat(teacher t's rewards) (ties -> lowest index); distill iff
@@ -18,8 +18,9 @@ and K frozen "teacher<i>" adapters. Per step:
  4. One clipped policy-gradient update (rl.dapo_loss); RL and OPD tokens are token-averaged
     separately and the two means summed (slime's policy_loss_function).
 
-Rollouts, the loss, the optimizer step, checkpoints and logging come from rl.py. This file owns the
-teacher scoring, the pure gate, and the distillation advantage.
+Rollouts, scoring and log-probs come from onpolicy.py (shared with rl.py), the advantages and the
+optimizer step (compute_advantages, train_on_batch) from rl.py, checkpoints and logs from rundir.py.
+This file owns the teacher scoring, the pure gate, and the distillation advantage.
 
 Deviations from the paper: LoRA adapters on one (possibly 4-bit) base instead of full weights;
 teachers are adapters sampled in-process instead of SGLang servers; the Icarus scorer instead of
@@ -34,8 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-import rl
+import common
+import onpolicy
+import rundir
+import sim
+from rl import compute_advantages, train_on_batch
 
 GATE_STATS = ("best", "median")
 ON_FAIL = ("skip", "rl")
@@ -101,7 +107,7 @@ def topk_reverse_kl(student_logits, teacher_logits, k=16):
 
 
 def support_reverse_kl(student_support, teacher_support):
-    """The same KL from values already gathered on the support (..., k): rl.per_token_logps gives
+    """The same KL from values already gathered on the support (..., k): onpolicy.per_token_logps gives
     the student's top-k log-probs (topk=K) and the teacher's at those ids (gather_ids=...)."""
     dtype = torch.promote_types(student_support.dtype, torch.float32)     # bf16 -> fp32
     log_q_s = student_support.to(dtype).log_softmax(-1)                   # renormalise on the support
@@ -126,7 +132,6 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
     Returns teacher_source(model, tok, groups, group_tasks, teachers, *, step) ->
     (rewards[group][teacher] = list of num_samples floats, timings). Seeds derive from
     (seed, step, teacher), so a resumed run repeats them."""
-    import common
 
     def teacher_source(model, tok, groups, group_tasks, teachers, *, step):
         k, timings, waits = num_samples, {"t_gen": 0.0, "t_sim": 0.0}, []
@@ -134,10 +139,10 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
         tasks_list = [t for t in group_tasks for _ in range(k)]
         for i, name in enumerate(teachers):
             t0 = time.perf_counter()
-            with rl.use_adapter(model, name):
+            with onpolicy.use_adapter(model, name):
                 completions = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
                                               temperature=temperature, top_p=1.0, batch_size=gen_batch_size,
-                                              seed=rl.derive_seed(seed, "teacher", step, i))
+                                              seed=onpolicy.derive_seed(seed, "teacher", step, i))
             timings["t_gen"] += time.perf_counter() - t0
             # score_fn submits at once: teacher i simulates while teacher i+1 generates
             waits.append([score_fn(t, c) for t, c in zip(tasks_list, completions)])
@@ -153,18 +158,18 @@ def distill_advantages(model, rows, teacher, *, temperature=1.0, topk=16, lam=1.
     """Per-token vOPD advantages of student-sampled rows toward one teacher adapter.
 
     The student (the active adapter) and the teacher are scored without grad on the same tokens;
-    both divide their logits by the sampling temperature (rl.per_token_logps). The student's top-K
+    both divide their logits by the sampling temperature (onpolicy.per_token_logps). The student's top-K
     ids at each position are the support of b_t; the teacher is scored on those ids.
     Returns (advantages: one 1-D tensor per row, sums: {"log_ratio", "b", "advantage", "tokens"}).
     """
     advantages, sums = [None] * len(rows), {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
     with torch.no_grad():
-        for mb in rl.micro_batches(rows, max_tokens_per_micro):
+        for mb in onpolicy.micro_batches(rows, max_tokens_per_micro):
             mb_rows = [rows[i] for i in mb]
             kw = dict(temperature=temperature, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
-            student = rl.per_token_logps(model, mb_rows, topk=topk, **kw)
-            with rl.use_adapter(model, teacher):
-                teacher_out = rl.per_token_logps(model, mb_rows, gather_ids=student.topk_ids, **kw)
+            student = onpolicy.per_token_logps(model, mb_rows, topk=topk, **kw)
+            with onpolicy.use_adapter(model, teacher):
+                teacher_out = onpolicy.per_token_logps(model, mb_rows, gather_ids=student.topk_ids, **kw)
             b = support_reverse_kl(student.topk_logps, teacher_out.topk_logps)          # (B, T)
             adv = vopd_advantages(student.logps, teacher_out.logps, b, lam)           # (B, T)
             mask = student.mask
@@ -220,17 +225,16 @@ def teacher_name(i):
 
 
 def build_models(args, student, teachers):
-    """One base model with the student as the trainable "default" adapter (rl.build_policy) and
+    """One base model with the student as the trainable "default" adapter (onpolicy.build_policy) and
     each teacher as a frozen adapter "teacher<i>"; the student is left active."""
-    import common
     policy_args = argparse.Namespace(model=args.model, quant=args.quant, seed=args.seed, adapter=student,
                                      lora_r=None, lora_alpha=None, kl_beta=0.0,
                                      gradient_checkpointing=args.gradient_checkpointing)
-    model, tok, _ = rl.build_policy(policy_args)
+    model, tok, _ = onpolicy.build_policy(policy_args)
     for i, path in enumerate(teachers):
         common.load_adapter(model, path, adapter_name=teacher_name(i), trainable=False)
     model.set_adapter("default")          # active and trainable again; the teachers stay frozen
-    rl.disable_dropout(model)             # the teachers' LoRA dropout too
+    onpolicy.disable_dropout(model)             # the teachers' LoRA dropout too
     return model, tok
 
 
@@ -271,7 +275,7 @@ def parse_args(argv=None):
     p.add_argument("--teacher-samples", type=int, default=1, help="k rollouts per teacher and group (final script: 1)")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="response cap, student and teachers")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature; log-probs use the same (paper: 1.0)")
-    rl.add_rollout_args(p)
+    onpolicy.add_rollout_args(p)
     # Gate and loss
     p.add_argument("--gate-stat", default="best", choices=GATE_STATS, help="reward statistic the gate compares (paper: best)")
     p.add_argument("--eps", type=float, default=0.0, help="gate margin: distill iff teacher > student + eps (paper: 0)")
@@ -284,7 +288,7 @@ def parse_args(argv=None):
     p.add_argument("--epsilon-high", type=float, default=0.28, help="DAPO clip-higher, as in RL")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--max-tokens-per-micro", type=int, default=16384, help="padded tokens per micro-batch")
-    rl.add_runtime_args(p, save_every=10)
+    onpolicy.add_runtime_args(p, save_every=10)
     p.add_argument("--cursor-start", type=int, default=0,
                    help="first position in the seeded task order: OPD continues on prompts RL has not used "
                         "(the authors' --dataset-step-offset; the pipeline passes RL steps x prompts per step)")
@@ -292,7 +296,7 @@ def parse_args(argv=None):
 
 
 def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
-    """Gate and teacher numbers of one step (student reward etc. come from rl.rollout_metrics)."""
+    """Gate and teacher numbers of one step (student reward etc. come from onpolicy.rollout_metrics)."""
     n = max(len(groups), 1)
     mean = lambda xs: float(sum(xs) / len(xs)) if xs else None
     m = {"groups": len(groups),
@@ -307,11 +311,10 @@ def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
 
 
 def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
-    """Train. source (rl.py's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
+    """Train. source (onpolicy.make_model_source's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
     timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
     (tests pass scripted ones); score_fn replaces only the scorer of both."""
-    from tqdm import tqdm
-    out, ckpt_dir, log_path, done = rl.start_run(args)
+    out, ckpt_dir, log_path, done = rundir.start_run(args)
     if done is not None:
         return done
     student, teachers = choose_experts(args.student, args.teachers, args.val_metrics)
@@ -323,51 +326,43 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     user_config = dict(vars(args), student=student, teachers=teachers)
     print("distill.py config: " + json.dumps(user_config))
     if tasks is None:
-        import sim
         tasks = sim.load_tasks(args.tasks)
     model, tok = build_models(args, student, teachers)
     names = [teacher_name(i) for i in range(len(teachers))]
-    optimizer = rl.make_optimizer(model, args.lr)
+    optimizer = onpolicy.make_optimizer(model, args.lr)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"tasks {len(tasks)}, trainable params {n_trainable:,}, teachers {len(teachers)}: "
           + ", ".join(f"t{i}={t}" for i, t in enumerate(teachers))
           + f" | gate {'off' if args.no_gate else f'{args.gate_stat} + eps {args.eps}'}, on fail {args.on_fail}")
 
-    step, cursor, log, resumed_step = 0, args.cursor_start, [], None
-    ckpt = rl.latest_checkpoint(ckpt_dir) if args.resume else None
-    if ckpt:
-        meta = rl.load_checkpoint(ckpt, model, optimizer)
-        step, cursor, log = meta["step"], meta["cursor"], meta["log"]
-        resumed_step = step
-        print(f"resumed from {ckpt} (step {step}, data cursor {cursor})")
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in log))   # drop steps past the checkpoint
+    step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer,
+                                                          cursor=args.cursor_start)
 
     pool = None
     if source is None or teacher_source is None:
         if score_fn is None:
-            pool, score_fn = rl.make_scorer(args)
+            pool, score_fn = onpolicy.make_scorer(args)
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)
-        source = source or rl.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
+        source = source or onpolicy.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
                                                 chunk_size=args.gen_chunk, **gen)
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
-    import common
-    release_fast = rl.release_fast_default(args.release_fast)
+    release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True)
     try:
         while True:
             last_step = step == args.steps
-            rl.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
+            rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                              {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
                 break
             # ---------------------------------------------------------------- rollouts and the gate
             t0 = time.perf_counter()
-            groups, _, cursor, timings = rl.collect_groups(
+            groups, _, cursor, timings = onpolicy.collect_groups(
                 source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed)
-            group_tasks = [tasks[rl.task_order(g.index, len(tasks), args.seed)] for g in groups]
+            group_tasks = [tasks[onpolicy.task_order(g.index, len(tasks), args.seed)] for g in groups]
             teacher_rewards, t_timings = teacher_source(model, tok, groups, group_tasks, names, step=step)
             if release_fast:         # the training phase gets the decoder's packed weights and KV cache back
                 common.free_fast_cache(model)
@@ -380,7 +375,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
             for g, mode in zip(groups, modes):       # closed gate with --on-fail rl: GRPO on the task reward
                 if mode == "rl":
                     rows += g.samples
-                    advantages += rl.compute_advantages(g.rewards, len(g.samples)).tolist()
+                    advantages += compute_advantages(g.rewards, len(g.samples)).tolist()
                     labels += ["rl"] * len(g.samples)
             kl = {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
             for t, name in enumerate(names):         # open gate: task reward dropped, distill toward t*
@@ -392,9 +387,9 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                                                    max_tokens_per_micro=args.max_tokens_per_micro)
                     rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
                     kl = {k: kl[k] + sums[k] for k in kl}
-            torch.manual_seed(rl.derive_seed(args.seed, "train", step))
+            torch.manual_seed(onpolicy.derive_seed(args.seed, "train", step))
             if rows:   # RL and OPD tokens are token-averaged separately, then summed (norm_groups)
-                stats = rl.train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
+                stats = train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
                                           epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
                                           max_grad_norm=args.max_grad_norm, norm_groups=labels,
                                           max_tokens_per_micro=args.max_tokens_per_micro, pad_token_id=pad_id)
@@ -402,14 +397,14 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 stats = {"grad_norm": 0.0}
             t2 = time.perf_counter()
             # ---------------------------------------------------------------- logging
-            row = {"step": step + 1, **rl.rollout_metrics(groups),
+            row = {"step": step + 1, **onpolicy.rollout_metrics(groups),
                    **step_metrics(groups, decisions, modes, teacher_rewards, len(names)),
                    **({f"opd/{k}": kl[k] / kl["tokens"] for k in ("log_ratio", "b", "advantage")} if kl["tokens"] else {}),
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
                    "t_gen": timings["t_gen"] + t_timings["t_gen"], "t_sim": timings["t_sim"] + t_timings["t_sim"],
                    "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
             log.append(row)
-            rl.append_log(log_path, row)
+            rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
             chosen = "/".join(str(row[f"teacher_chosen/t{t}"]) for t in range(len(names)))
             bar.write(f"step {step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
@@ -432,8 +427,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                                                   "opd/log_ratio", "opd/b")},
                **{k: sum(steps_with(k)) for k in ["opd_groups", "rl_groups", "skipped_groups"]
                   + [f"teacher_chosen/t{t}" for t in range(len(names))]}}
-    return rl.finish_run(out, model, step, {
-        "config": user_config, "outcome": outcome,
+    return rundir.finish_run(out, "distill.py", model, {
+        "config": user_config, "outcome": {"steps": step, **outcome},
         "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}})
 
 
@@ -442,4 +437,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(rundir.cli("distill.py", main))

@@ -1,16 +1,17 @@
 """Evaluation protocol: the memoryless agentic loop, the paper's metrics, model comparison, and the
 everyday `generate` command. Every later stage reports its numbers through this file.
 
-    python chorus_mini.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
-    python chorus_mini.py compare DIR1 DIR2 ... --out DIR
-    python chorus_mini.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
+    python evaluate.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
+    python evaluate.py compare DIR1 DIR2 ... --out DIR
+    python evaluate.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
+(`python chorus_mini.py eval|compare|generate ...` are the same commands.)
 
 The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, default 3):
 1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
-3. Each answer is parsed (common.parse_answer) and, when usable (not no_code / truncated), simulated
-   (sim.SimPool). Simulations of one batch run while the policy generates the next batch.
+3. Each answer is parsed and, when usable (not no_code / truncated), simulated (onpolicy.submit_answer,
+   on a sim.SimPool). Simulations of one batch run while the policy generates the next batch.
 4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
    (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
    CovResult order (compiles, has coverage, passes targets, overall) with two refinements: an
@@ -30,6 +31,7 @@ Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same
 split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
 tuned on one and reported on the other.
 """
+import argparse
 import hashlib
 import itertools
 import json
@@ -41,20 +43,22 @@ from typing import Callable
 import numpy as np
 
 import common
+import onpolicy
+import rundir
 import sim
 
 Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
 SIM_RAN = ("ok", "no_coverage", "no_dut_instance")   # statuses where the testbench compiled and simulated
-USABLE = ("ok", "no_filename")                     # parse_answer reasons worth simulating (not truncated)
 BOTTOM = (False, False, False, False, False, 0.0)      # the key of "no result yet"
 
 
 # ---------------------------------------------------------------------------------------------------
-# Result ordering and per-result scores (on SimResult.to_dict() dicts; None = answer not parsed)
+# Result ordering and per-result scores (on onpolicy's result dicts: SimResult.to_dict(), or
+# onpolicy.parse_failure(reason) for an answer that did not parse)
 
 def result_key(result):
     """Total order on results, larger is better (see the module docstring, step 4)."""
-    if result is None:
+    if onpolicy.is_parse_failure(result):
         return BOTTOM
     has_cov = result["status"] == "ok" and result.get("overall_pct") is not None
     return (True, bool(result.get("compile_ok")), syn_ok(result), has_cov, bool(result.get("passed")),
@@ -62,7 +66,7 @@ def result_key(result):
 
 
 def syn_ok(result):
-    return result is not None and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
+    return not onpolicy.is_parse_failure(result) and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
 
 
 def coverage(result):
@@ -97,7 +101,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
 
     Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
-    parsed answer, scorer result (SimResult.to_dict(), None when unparsed), the round whose testbench the
+    parsed answer, scorer result (SimResult.to_dict(), or onpolicy.parse_failure when unparsed), the round whose testbench the
     state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
     far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
     """
@@ -115,8 +119,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         task = by_id[samples[i]["task_id"]]
         if best[i] is None or not best[i][0][0]:        # nothing parsed yet: retry the initial prompt
             return common.build_messages(task), None
-        _, r, text, obj = best[i]
-        return common.refine_messages(task, text, obj), r
+        _, r, text, res = best[i]
+        return common.refine_messages(task, text, res), r
 
     with sim.SimPool(sim_workers, cfg=sim_cfg) as pool:
         for r in range(rounds + 1):
@@ -131,22 +135,18 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                 if len(texts) != len(chunk):
                     raise ValueError(f"policy returned {len(texts)} answers for {len(chunk)} prompts")
                 for i, (_, state_round), text in zip(chunk, states, texts):
-                    answer = common.parse_answer(text)
-                    future = None
-                    if answer.reason in USABLE:   # submitted now: simulates while the next chunk generates
-                        job = sim.job_from_task(by_id[samples[i]["task_id"]], answer.code, target_mode)
-                        future = pool.submit(job)
-                    pending.append((i, state_round, text, answer, future))
-            for i, state_round, text, answer, future in pending:
-                obj = future.result() if future is not None else None
-                res = obj.to_dict() if obj is not None else None
+                    # submitted now: simulates while the next chunk generates
+                    answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode)
+                    pending.append((i, state_round, text, answer, wait))
+            for i, state_round, text, answer, wait in pending:
+                res = wait()
                 key = result_key(res)
                 samples[i]["rounds"].append({
                     "round": r, "state_round": state_round, "text": text,
                     "answer": {"filename": answer.filename, "reason": answer.reason, "code": answer.code},
                     "result": res, "key": list(key)})
                 if best[i] is None or key >= best[i][0]:
-                    best[i] = (key, r, text, obj)
+                    best[i] = (key, r, text, res)
                 if key[3] and key[5] >= 100.0:
                     stopped[i] = True
             for i, s in enumerate(samples):
@@ -280,11 +280,9 @@ def write_eval(out_dir, samples, metrics, config):
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     headline = {mode: {k: v for k, v in m.items() if k != "per_task"}
                 for mode, m in metrics.items() if mode in ("direct", "agentic")}
-    (out / "result.json").write_text(json.dumps(
-        {"config": config, "setup": {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
-                                     "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()},
-         "outcome": headline}, indent=1))
-    (out / "done.json").write_text(json.dumps({"metrics": "metrics.json"}))
+    rundir.write_result(out, config, {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
+                                      "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()}, headline)
+    rundir.write_done(out, "evaluate.py", {"metrics": "metrics.json", "samples": "samples.jsonl", "result": "result.json"})
 
 
 def summary_lines(metrics):
@@ -343,7 +341,7 @@ def add_eval_args(p):
 def cmd_eval(args):
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
     rounds = 0 if args.mode == "direct" else args.rounds
-    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     config["rounds"] = rounds
     print(f"eval: {len(tasks)} tasks x {args.n} samples, {rounds} refinement rounds, "
           f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}")
@@ -403,11 +401,16 @@ def compare(result_dirs, out_dir=None, mode=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.json").write_text(json.dumps(result, indent=1))
         _heatmap(pass_rate, cov_mean, tasks, names, out / "compare.png")
+        rundir.write_result(out, {"results": [str(d) for d in result_dirs], "mode": mode},
+                            {"tasks": len(tasks), "dropped_tasks": len(result["dropped_tasks"])},
+                            {"tasks": len(tasks), **{k: result[k] for k in ("mode", "models", "per_model", "best_single",
+                                                                           "oracle", "solved_by_a_not_b")}})
+        rundir.write_done(out, "evaluate.py", {"compare": "compare.json", "plot": "compare.png", "result": "result.json"})
     return result
 
 
 def _heatmap(pass_rate, cov_mean, tasks, names, path):
-    import matplotlib
+    import matplotlib          # optional heavy dependency: only when a plot is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     height = max(3.0, 0.18 * len(tasks) + 1.5)
@@ -470,8 +473,8 @@ def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers
         if rec["answer"]["code"]:
             (out / Path(rec["answer"]["filename"]).name).write_text(rec["answer"]["code"])
         (out / "report.json").write_text(json.dumps(report, indent=1))
-        feedback = sim.format_feedback(sim.SimResult.from_dict(rec["result"])) if rec["result"] else \
-            f"answer not parsed ({rec['answer']['reason']})"
+        feedback = f"answer not parsed ({rec['answer']['reason']})" if onpolicy.is_parse_failure(rec["result"]) \
+            else sim.format_feedback(sim.SimResult.from_dict(rec["result"]))
         (out / "report.txt").write_text(feedback + "\n")
         with open(out / "samples.jsonl", "w") as f:
             for s in samples:
@@ -500,3 +503,31 @@ def cmd_generate(args):
     print(f"generate: best from sample {rep['sample']} round {rep['round']}: status {res.get('status', 'unparsed')}, "
           f"coverage {res.get('overall_pct')}, passed {res.get('passed', False)} -> {args.out}/{rep['filename']}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI (chorus_mini.py offers the same subcommands)
+
+COMMANDS = {"eval": (add_eval_args, cmd_eval, "score a model on a task file"),
+            "compare": (add_compare_args, cmd_compare, "compare several eval results"),
+            "generate": (add_generate_args, cmd_generate, "best testbench for one design")}
+
+
+def add_commands(sub):
+    """The eval / compare / generate subparsers, each with its function as `func`."""
+    for name, (add_args, fn, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.set_defaults(func=fn)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="evaluate.py", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(rundir.cli("evaluate.py", main))

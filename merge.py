@@ -115,6 +115,8 @@ from peft.utils.merge_utils import calculate_majority_sign_mask
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import rundir
+
 ADAPTER_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 REPORT_FILE = "merge_report.json"
@@ -569,6 +571,9 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
         "versions": {"torch": torch.__version__, "peft": peft.__version__, "transformers": transformers.__version__},
     }
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    rundir.write_result(out_dir, {k: report[k] for k in ("method", "space", "adapters", "params")},
+                        {k: report[k] for k in ("input", "timings_s", "versions")}, {**summary, "r": out_rank})
+    rundir.write_done(out_dir, "merge.py", {"adapter": ADAPTER_FILE, "report": REPORT_FILE, "result": "result.json"})
     print(f"merge: wrote {out_dir} (r={out_rank}{', full/' if full_dir else ''}); svd rel error mean "
           f"{summary['svd_rel_error_mean']:.4f} max {summary['svd_rel_error_max']:.4f}; "
           f"{report['timings_s']['total']:.1f} s")

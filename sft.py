@@ -2,7 +2,7 @@
 
     python sft.py --model MODEL --data stage0.jsonl --out runs/sft0
     python sft.py --model MODEL --data stage1.jsonl --out runs/sft1 --init-adapter runs/sft0/adapter
-    python sft.py ... --resume            # continue from runs/sftN/checkpoint after an interruption
+    python sft.py ... --resume            # continue from runs/sftN/ckpt/ after an interruption
 
 What one stage does, in order:
 1. Read the chat JSONL rows of data/build_sft.py ({"messages": [...], "task_id", "stage", "kind", ...}).
@@ -17,9 +17,9 @@ What one stage does, in order:
    there). The loss is the mean over all target tokens of one optimizer step (token-level, so long and
    short targets weigh by their tokens, not per row).
 5. Write into --out: adapter/ (standard peft folder, bf16 tensors, via common.save_adapter),
-   checkpoint/ (fp32 adapter weights, optimizer, scheduler, RNG states, data cursor; for --resume),
-   log.jsonl (one line per optimizer step), loss.png, result.json (config / setup / outcome) and,
-   last, done.json.
+   and rundir.py's run folder, shared with rl.py and distill.py: ckpt/step_N/ (adapter, exact fp32
+   weights, optimizer, scheduler, RNG states, config and rows used; for --resume), log.jsonl (one line
+   per optimizer step), curves.png, result.json (config / setup / outcome) and, last, done.json.
 
 Deviations from the paper (§3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
 than 1e-5; the cutoff is 4096 tokens rather than 40960.
@@ -28,12 +28,16 @@ import argparse
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
+
+import common
+import rundir
+import sim
 
 IGNORE = -100  # label of tokens that carry no loss
 
@@ -43,7 +47,6 @@ IGNORE = -100  # label of tokens that carry no loss
 
 def load_rows(path):
     """Read a chat JSONL file; each row needs a `messages` list that ends with an assistant turn."""
-    import sim
     rows = []
     for lineno, row in sim.read_jsonl(path):
         if not isinstance(row.get("messages"), list) or not row["messages"]:
@@ -132,86 +135,9 @@ def cosine_with_warmup(warmup_steps, total_steps):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Checkpoints (one folder, replaced atomically)
-
-def _trainable_state(model):
-    return {k: v.detach().float().cpu().clone() for k, v in model.named_parameters() if v.requires_grad}
-
-
-def _rng_state():
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state):
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(out_dir, model, optimizer, scheduler, step, config, rows_used):
-    tmp, final = Path(out_dir) / "checkpoint.tmp", Path(out_dir) / "checkpoint"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save({"trainable": _trainable_state(model), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": _rng_state(), "step": step}, tmp / "state.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "config": config, "rows_used": rows_used}, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-
-
-def load_checkpoint(out_dir, model, optimizer, scheduler):
-    """Restore a checkpoint/ folder into model/optimizer/scheduler/RNG; returns its step (0 if none)."""
-    path = Path(out_dir) / "checkpoint" / "state.pt"
-    if not path.exists():
-        return 0
-    state = torch.load(path, weights_only=False)
-    params = dict(model.named_parameters())
-    mismatch = set(state["trainable"]) ^ {k for k, p in params.items() if p.requires_grad}
-    if mismatch:
-        raise ValueError(f"checkpoint does not match the adapter (e.g. {sorted(mismatch)[:3]}); "
-                         "resume with the same --init-adapter / LoRA settings")
-    with torch.no_grad():
-        for k, v in state["trainable"].items():
-            params[k].copy_(v.to(params[k].dtype))
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    _set_rng_state(state["rng"])
-    return state["step"]
-
-
-def plot_loss(log_path, png_path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    recs = [json.loads(l) for l in open(log_path) if l.strip()]
-    if not recs:
-        return
-    steps, losses = [r["step"] for r in recs], [r["loss"] for r in recs]
-    ema, smooth = losses[0], []
-    for x in losses:
-        ema = 0.9 * ema + 0.1 * x
-        smooth.append(ema)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, losses, alpha=0.35, label="loss")
-    ax.plot(steps, smooth, label="EMA 0.9")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("target-token loss")
-    ax.set_title(Path(log_path).parent.name)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------------
 # Training
 
 def _prepare_adapter(model, init_adapter, lora_r, lora_alpha, lora_dropout):
-    import common
     if hasattr(model, "peft_config"):       # caller already attached (and activated) an adapter
         return model
     if init_adapter:
@@ -231,7 +157,6 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     (time budgets, tests); done.json is then not written, and `resume=True` continues it later.
     Returns result.json's dict; the trained PeftModel is result["model"] (not written to disk).
     """
-    import common
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -285,71 +210,68 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup_steps, total_steps))
 
-    # 3. resume
-    log_path = out_dir / "log.jsonl"
+    # 3. resume (rundir's checkpoint format, as rl.py and distill.py)
+    log_path, ckpt_dir = out_dir / "log.jsonl", out_dir / "ckpt"
     step = 0
+    ckpt = rundir.latest_checkpoint(ckpt_dir) if resume else None
+    if ckpt:   # the data cursor only means something with the same data and batching
+        saved = rundir.read_meta(ckpt)
+        keys = ("epochs", "batch_size", "grad_accum", "max_len", "seed", "group_by_length")
+        diff = {k: (saved["config"].get(k), config[k]) for k in keys if saved["config"].get(k) != config[k]}
+        if saved.get("rows_used") != len(encoded):
+            diff["rows_used"] = (saved.get("rows_used"), len(encoded))
+        if diff:
+            raise ValueError(f"--resume: the checkpoint was made with other settings (saved, now): {diff}")
+        step = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)["step"]
     if resume:
-        meta_path = out_dir / "checkpoint" / "meta.json"
-        if meta_path.exists():   # the data cursor only means something with the same data and batching
-            saved = json.loads(meta_path.read_text())
-            keys = ("epochs", "batch_size", "grad_accum", "max_len", "seed", "group_by_length")
-            diff = {k: (saved["config"].get(k), config[k]) for k in keys if saved["config"].get(k) != config[k]}
-            if saved.get("rows_used") != len(encoded):
-                diff["rows_used"] = (saved.get("rows_used"), len(encoded))
-            if diff:
-                raise ValueError(f"--resume: the checkpoint was made with other settings (saved, now): {diff}")
-        step = load_checkpoint(out_dir, model, optimizer, scheduler)
         print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
-    old = log_path.read_text().splitlines() if (step and log_path.exists()) else []
-    log_path.write_text("".join(l + "\n" for l in old if l.strip() and json.loads(l)["step"] <= step))
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if r["step"] <= step))
     (out_dir / "done.json").unlink(missing_ok=True)
 
     # 4. loop: one optimizer step = grad_accum micro-batches, token-level mean over the whole step
     model.train()
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=total_steps, initial=step, desc=f"sft {out_dir.name}", dynamic_ncols=True)
     last_epoch_batches, losses = (None, None), []
-    with open(log_path, "a") as log:
-        while step < total_steps:
-            if stop_after_steps is not None and step >= stop_after_steps:
-                break
-            epoch, in_epoch = divmod(step, steps_per_epoch)
-            if last_epoch_batches[0] != epoch:
-                last_epoch_batches = (epoch, make_batches(lengths, batch_size, seed, epoch, group_by_length))
-            micro = last_epoch_batches[1][in_epoch * grad_accum:(in_epoch + 1) * grad_accum]
-            batches = [collate([encoded[i] for i in idx], pad_id) for idx in micro]
-            n_tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
-            step_loss = 0.0
-            for b in batches:
-                b = {k: v.to(device) for k, v in b.items()}
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    loss_sum, _ = target_loss_sum(model, b)
-                (loss_sum / n_tokens).backward()
-                step_loss += loss_sum.item() / n_tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
-            lr_now = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(step_loss)
-            rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
-                   "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens,
-                   "elapsed_s": round(time.time() - t0, 2)}
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-            if bar:
-                bar.update(1)
-                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}")
-            if step % save_every == 0 or step == total_steps or step == stop_after_steps:
-                save_checkpoint(out_dir, model, optimizer, scheduler, step, config, len(encoded))
+    while step < total_steps:
+        if stop_after_steps is not None and step >= stop_after_steps:
+            break
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        if last_epoch_batches[0] != epoch:
+            last_epoch_batches = (epoch, make_batches(lengths, batch_size, seed, epoch, group_by_length))
+        micro = last_epoch_batches[1][in_epoch * grad_accum:(in_epoch + 1) * grad_accum]
+        batches = [collate([encoded[i] for i in idx], pad_id) for idx in micro]
+        n_tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
+        step_loss = 0.0
+        for b in batches:
+            b = {k: v.to(device) for k, v in b.items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                loss_sum, _ = target_loss_sum(model, b)
+            (loss_sum / n_tokens).backward()
+            step_loss += loss_sum.item() / n_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
+        lr_now = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        losses.append(step_loss)
+        rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
+               "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens,
+               "elapsed_s": round(time.time() - t0, 2)}
+        rundir.append_log(log_path, rec)
+        if bar:
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}")
+        if step % save_every == 0 or step == total_steps or step == stop_after_steps:
+            rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
+                                   keep_last=1, scheduler=scheduler)
     if bar:
         bar.close()
 
     # 5. outputs
-    recs = [json.loads(l) for l in open(log_path) if l.strip()]
+    recs = rundir.read_log(log_path)
     tail = recs[-max(1, len(recs) // 10):] if recs else []
     finished = step >= total_steps
     outcome = {"finished": finished, "steps_done": step,
@@ -357,14 +279,12 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
                "last_step_loss": recs[-1]["loss"] if recs else None,
                "time_s": round(time.time() - t0, 2)}
-    result = {"config": config, "setup": {**setup, "gpu_peak_mib": common.gpu_peak_mib()}, "outcome": outcome}
-    plot_loss(log_path, out_dir / "loss.png")
+    rundir.plot_log(recs, out_dir / "curves.png", keys=["loss", "lr", "grad_norm"])
     if finished:
         common.save_adapter(model, str(out_dir / "adapter"))
-    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    result = rundir.write_result(out_dir, config, {**setup, "gpu_peak_mib": common.gpu_peak_mib()}, outcome)
     if finished:
-        (out_dir / "done.json").write_text(json.dumps({"adapter": "adapter", "steps": step,
-                                                       "final_loss": outcome["final_loss"]}))
+        rundir.write_done(out_dir, "sft.py", {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
     print(f"sft: {step}/{total_steps} steps, loss {outcome['first_loss']} -> {outcome['final_loss']}, "
           f"{outcome['time_s']} s" + ("" if finished else " (stopped early; --resume continues)"))
     return {**result, "model": model}
@@ -397,14 +317,13 @@ def main(argv=None):
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=42, help="paper: 42")
     # Runtime
-    p.add_argument("--out", required=True, help="stage folder (adapter/, checkpoint/, logs, done.json)")
+    p.add_argument("--out", required=True, help="stage folder (adapter/, ckpt/, log.jsonl, curves.png, result.json, done.json)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
     p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (resumable)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/ckpt")
     args = p.parse_args(argv)
 
-    import common
     rows = [r for path in args.data for r in load_rows(path)]
     if args.limit:
         rows = rows[:args.limit]
@@ -421,4 +340,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(rundir.cli("sft.py", main))

@@ -35,7 +35,10 @@ CLI:
       --decontaminate ../shared/data/dev_tasks.jsonl                           # drop dev look-alikes
   python data/build_sft.py ... --teacher-url http://127.0.0.1:8000 --teacher-model NAME   # chat teacher
   python data/build_sft.py ... --stage2-model Qwen/Qwen3-4B-Instruct-2507 --stage2-adapter runs/sft1/adapter
-Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model),
+A design the teacher cannot drive (data.teacher.TeacherError, e.g. a port of non-integral type) is
+counted by reason and skipped. Simulation phases show a tqdm bar.
+Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model), result.json
+(sizes, skipped designs by reason) and done.json (rundir.py's run folder), and
 build_info.json: config, per-stage stats (runs/states/candidates by status, kept rows by kind),
 sizes (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage, stage-2 rollouts,
 total), decontamination (eval files, threshold, dropped ids with their F1) and stage2_policy.
@@ -43,13 +46,21 @@ total), decontamination (eval files, threshold, dropped ids with their F1) and s
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
 
+import common  # noqa: E402
+import rundir  # noqa: E402
+import sim  # noqa: E402
 from data import teacher as teacher_mod  # noqa: E402
+from data.designs import contamination_filter, generate_tasks  # noqa: E402
+from onpolicy import feedback_result, is_parse_failure, result_reward, score_answers  # noqa: E402
 
 MIN_GAIN_PCT = 1.0          # overall coverage must rise by more than 1 point (0.01 as a fraction)
 MEDIAN_MINUS_WORST = 0.1    # keep the median state only if median - worst > 0.1 (fraction)
@@ -57,47 +68,9 @@ STATE_LEVELS = ("minimal", "weak", "medium")
 
 
 # ----------------------------------------------------------------------------------------------
-# Scoring
+# Scoring: onpolicy.score_answers (parse -> simulate; a parse failure is a result whose status is
+# no_code / truncated, never simulated) and onpolicy.result_reward (sim.reward on a result dict)
 # ----------------------------------------------------------------------------------------------
-
-PARSE_FAILURES = ("no_code", "truncated")   # result statuses of answers that were not simulated
-
-
-def parse_failure_result(reason):
-    """The result dict of an answer that did not parse (common.parse_answer reason no_code/truncated)."""
-    return {"status": reason, "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
-
-
-def is_parse_failure(res):
-    return res is None or res.get("status") in PARSE_FAILURES
-
-
-def sim_score(pairs, workers=None):
-    """[(task, answer_text)] -> [result dict] with the kit's scorer. Only usable answers are simulated
-    (common.parse_answer reason ok / no_filename, as in evaluate.py); the others get the result
-    {"status": "no_code" | "truncated", "overall_pct": None, ...} (a parse failure)."""
-    import common
-    import sim
-    jobs, idx = [], []
-    out = [None] * len(pairs)
-    for i, (task, answer) in enumerate(pairs):
-        a = common.parse_answer(answer or "")
-        if a.reason not in ("ok", "no_filename") or not a.code:
-            out[i] = parse_failure_result(a.reason if a.reason in PARSE_FAILURES else "no_code")
-            continue
-        jobs.append(sim.job_from_task(task, a.code))
-        idx.append(i)
-    for i, r in zip(idx, sim.simulate_many(jobs, workers=workers)):
-        out[i] = r.to_dict()
-    return out
-
-
-def reward(res):
-    """sim.reward on a result dict: 1 + overall/100 when it ran with coverage, else 0."""
-    if res.get("status") == "ok" and res.get("overall_pct") is not None:
-        return 1.0 + res["overall_pct"] / 100.0
-    return 0.0
-
 
 def rank_key(res):
     """Total order of results (LLM4Cov CovResult): ran, has coverage, overall."""
@@ -115,11 +88,11 @@ def improvement(before, after):
       the new testbench runs with coverage;
     refine_coverage: both ran; overall rises by > MIN_GAIN_PCT points and no metric's pct falls.
     """
-    if reward(after) == 0.0:
+    if result_reward(after) == 0.0:
         return None
     if is_parse_failure(before):
         return "refine_parse"
-    if reward(before) == 0.0:
+    if result_reward(before) == 0.0:
         return "refine_compile"
     if after["overall_pct"] - before["overall_pct"] <= MIN_GAIN_PCT:
         return None
@@ -137,10 +110,10 @@ def select_states(runs):
     lowest-coverage run below 100 % (always kept); "median" only if median - worst > 0.1 (fraction).
     """
     out = []
-    fails = [r for r in runs if reward(r[1]) == 0.0]
+    fails = [r for r in runs if result_reward(r[1]) == 0.0]
     if fails:
         out.append((fails[0][0], fails[0][1], "fail"))
-    ok = sorted((r for r in runs if reward(r[1]) > 0 and r[1]["overall_pct"] < 100.0),
+    ok = sorted((r for r in runs if result_reward(r[1]) > 0 and r[1]["overall_pct"] < 100.0),
                 key=lambda r: r[1]["overall_pct"])
     if ok:
         out.append((ok[0][0], ok[0][1], "worst"))
@@ -155,50 +128,77 @@ def select_states(runs):
 # ----------------------------------------------------------------------------------------------
 
 def canonical(answer):
-    import common
     a = common.parse_answer(answer)
     return common.render_answer(a.filename, a.code)
 
 
 def direct_row(task, answer, res, stage=0):
-    import common
     msgs = common.build_messages(task) + [{"role": "assistant", "content": canonical(answer)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": "direct",
-            "reward_before": None, "reward_after": reward(res)}
+            "reward_before": None, "reward_after": result_reward(res)}
 
 
 def refine_row(task, state_answer, state_res, answer, res, kind, stage):
-    import common
-    state = None if is_parse_failure(state_res) else state_res     # parse failure: no sim result
-    msgs = common.refine_messages(task, state_answer, state)
+    msgs = common.refine_messages(task, state_answer, feedback_result(state_res))
     msgs = list(msgs) + [{"role": "assistant", "content": canonical(answer)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": kind,
-            "reward_before": reward(state_res), "reward_after": reward(res)}
+            "reward_before": result_reward(state_res), "reward_after": result_reward(res)}
 
 
 # ----------------------------------------------------------------------------------------------
 # Stages
 # ----------------------------------------------------------------------------------------------
 
+def teacher_reason(err):
+    """What a TeacherError is counted under: its message without the design's id and names."""
+    reason = re.sub(r"'[^']*'", "'*'", str(err).split(": ", 1)[-1])
+    return re.sub(r"(non-integral type) .*", r"\1", reason)
+
+
+def teacher_direct(tasks, teacher, n):
+    """(kept tasks, their n teacher answers each, {reason: count} of the skipped ones). A design the teacher
+    cannot drive (data.teacher.TeacherError, e.g. a port of non-integral type) is counted and skipped; the
+    batch call is tried first (an HF teacher generates in batches), then task by task."""
+    try:
+        return list(tasks), teacher.direct(tasks, n), {}
+    except teacher_mod.TeacherError:
+        pass
+    kept, answers, skipped = [], [], {}
+    for t in tqdm(tasks, desc="teacher", dynamic_ncols=True):
+        try:
+            answers.append(teacher.direct([t], n)[0])
+        except teacher_mod.TeacherError as e:
+            print(f"build_sft: skipped, the teacher cannot drive it: {e}", file=sys.stderr)
+            skipped[teacher_reason(e)] = skipped.get(teacher_reason(e), 0) + 1
+            continue
+        kept.append(t)
+    return kept, answers, skipped
+
+
 def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
     """Direct rows: for each task the best of n teacher answers, kept if it ran with coverage.
 
-    Returns (rows, stats). score_fn([(task, answer)]) -> [result dict] defaults to sim_score.
+    Returns (rows, stats); stats["skipped_ids"] are the designs the teacher cannot drive (counted per
+    reason in stats["skipped_by_reason"]). score_fn([(task, answer)]) -> [result dict] defaults to
+    onpolicy.score_answers.
     """
-    score_fn = score_fn or (lambda pairs: sim_score(pairs, workers))
-    answers = teacher.direct(tasks, n)
-    pairs = [(t, a) for t, ans in zip(tasks, answers) for a in ans]
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers"))
+    kept, answers, skipped = teacher_direct(tasks, teacher, n)
+    pairs = [(t, a) for t, ans in zip(kept, answers) for a in ans]
     results = score_fn(pairs)
     rows, dropped, k = [], 0, 0
-    for t, ans in zip(tasks, answers):
+    for t, ans in zip(kept, answers):
         runs = list(zip(ans, results[k:k + len(ans)]))
         k += len(ans)
         best = max(runs, key=lambda r: rank_key(r[1]))
-        if reward(best[1]) == 0.0:
+        if result_reward(best[1]) == 0.0:
             dropped += 1
             continue
         rows.append(direct_row(t, best[0], best[1], stage=0))
-    return rows, {"tasks": len(tasks), "tries": n, "rows": len(rows), "dropped_no_coverage": dropped}
+    kept_ids = {t["id"] for t in kept}
+    return rows, {"tasks": len(tasks), "tries": n, "rows": len(rows), "dropped_no_coverage": dropped,
+                  "skipped_teacher": sum(skipped.values()), "skipped_by_reason": skipped,
+                  "skipped_ids": [t["id"] for t in tasks if t["id"] not in kept_ids]}
 
 
 def state_policy_runs(tasks, levels=STATE_LEVELS, fail_fraction=0.3, seed=0):
@@ -222,7 +222,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     """Refinement rows from runs [(task, answer)]: score, select worst-first states per design, let the
     teacher refine (up to `rounds` times, each from the previous improved answer), filter by
     improvement, keep the largest reward gain per design. Returns (rows, stats)."""
-    score_fn = score_fn or (lambda pairs: sim_score(pairs, workers))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc=f"stage {stage}: states / refinements"))
     results = score_fn(state_pairs)
     by_task, tasks = {}, {}
     for (t, a), r in zip(state_pairs, results):
@@ -245,7 +245,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
         if not cur:
             break
         # the teacher sees None for a parse failure (common.refine_messages' convention)
-        new_answers = teacher.refine([(t, a, None if is_parse_failure(r) else r) for t, a, r in cur])
+        new_answers = teacher.refine([(t, a, feedback_result(r)) for t, a, r in cur])
         new_results = score_fn([(t, a) for (t, _, _), a in zip(cur, new_answers)])
         nxt = []
         for (t, a0, r0), a1, r1 in zip(cur, new_answers, new_results):
@@ -255,7 +255,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
             if kind is None:
                 stats["rejected_no_improvement"] += 1
                 continue
-            gain = reward(r1) - reward(r0)
+            gain = result_reward(r1) - result_reward(r0)
             if t["id"] not in best or gain > best[t["id"]][0]:
                 best[t["id"]] = (gain, refine_row(t, a0, r0, a1, r1, kind, stage))
             if r1.get("overall_pct") is not None and r1["overall_pct"] < 100.0:
@@ -320,21 +320,27 @@ def write_jsonl(path, rows):
 def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
               states_fn=None, stage2_rounds=None, extra_info=None):
     """Stages 0 and 1 (and stage 2 when `states_fn` is given) into out_dir: stage0.jsonl, stage1.jsonl,
-    [stage2.jsonl], build_info.json. Returns the info: {tasks, config, stage0/1/2 stats, sizes
-    (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per stage and total), plus
-    `extra_info` (e.g. the decontamination report)}."""
+    [stage2.jsonl], build_info.json, then result.json and done.json (rundir.py's run folder). Returns the
+    info: {tasks, config, stage0/1/2 stats, sizes (rows per stage), sizes_by_kind (rows per stage and kind),
+    seconds (per stage and total), plus `extra_info` (e.g. the decontamination report)}. Designs the teacher
+    cannot drive are skipped after stage 0's try (stage0.skipped_by_reason) and left out of stages 1 and 2."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "done.json").unlink(missing_ok=True)
     t0 = time.time()
     s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers)
     t1 = time.time()
-    print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)")
+    print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)"
+          + (f"; skipped {st0['skipped_teacher']} the teacher cannot drive: {st0['skipped_by_reason']}"
+             if st0["skipped_teacher"] else ""))
+    all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
     s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds)
     t2 = time.time()
     print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
           f"from {st1['states']} states ({t2 - t1:.0f} s)")
     write_jsonl(out_dir / "stage0.jsonl", s0)
     write_jsonl(out_dir / "stage1.jsonl", s1)
-    info = {"tasks": len(tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
+    info = {"tasks": len(all_tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
                                              "teacher": type(teacher).__name__},
             **(extra_info or {}),
             "stage0": st0, "stage1": st1, "sizes": {"stage0": len(s0), "stage1": len(s1)},
@@ -355,14 +361,17 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
         info["seconds"]["stage2_rollouts"] = st2["states_fn_s"]
         info["seconds"]["stage2"] = round(t3 - t2, 1)
     info["seconds"]["total"] = round(time.time() - t0 + (extra_info or {}).get("seconds_before_build", 0.0), 1)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "build_info.json", "w") as f:
+    with open(out_dir / "build_info.json", "w") as f:         # every statistic, for people
         json.dump(info, f, indent=2)
+    rundir.write_result(out_dir, info["config"], {"tasks": len(all_tasks), "seconds": info["seconds"]},
+                        {"sizes": info["sizes"], "sizes_by_kind": info["sizes_by_kind"], "drivable_tasks": len(tasks),
+                         "skipped_by_reason": st0["skipped_by_reason"]})
+    files = {k: f"{k}.jsonl" for k in info["sizes"]}
+    rundir.write_done(out_dir, "data/build_sft.py", {**files, "info": "build_info.json", "result": "result.json"})
     return info
 
 
 def _load_model_and_adapter(name, adapter, quant):
-    import common
     model, tok = common.load_model(name, quant=quant)
     if adapter:
         model = common.load_adapter(model, adapter)
@@ -415,14 +424,11 @@ def main(argv=None):
         ap.error("give at most one of --teacher-url and --teacher-hf")
     t_start = time.time()
     if args.tasks:
-        import sim
         tasks = sim.load_tasks(args.tasks)
     else:
-        from data.designs import generate_tasks
         tasks = generate_tasks(args.synthetic, args.seed, "train")
     extra = {}
     if args.decontaminate:
-        from data.designs import contamination_filter
         td = time.time()
         n_before = len(tasks)
         tasks, dropped = contamination_filter(tasks, args.decontaminate, threshold=args.threshold)
@@ -462,4 +468,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(rundir.cli("data/build_sft.py", main))

@@ -2,12 +2,17 @@
 
 Run: python -m pytest -q tests/test_build_sft.py
 """
+import json
 import re
 
 import pytest
 
-common = pytest.importorskip("common")
-from data import build_sft  # noqa: E402
+import common
+import onpolicy
+import rundir
+from data import build_sft
+from data import teacher as teacher_mod
+from data.designs import generate_tasks
 
 
 def task(i):
@@ -151,9 +156,9 @@ def build_sft_score(pairs):
 
 
 def test_sim_score_does_not_simulate_parse_failures():
-    out = build_sft.sim_score([(task(0), "no code here"), (task(0), "filename: tb.sv\n```systemverilog\nmodule tb;\n")])
+    out = onpolicy.score_answers([(task(0), "no code here"), (task(0), "filename: tb.sv\n```systemverilog\nmodule tb;\n")])
     assert [r["status"] for r in out] == ["no_code", "truncated"]
-    assert all(build_sft.is_parse_failure(r) and build_sft.reward(r) == 0.0 for r in out)
+    assert all(onpolicy.is_parse_failure(r) and onpolicy.result_reward(r) == 0.0 for r in out)
     ok = {"status": "ok", "overall_pct": 40.0, "metrics": {}}
     assert build_sft.improvement(out[0], ok) == "refine_parse"
     assert build_sft.improvement(out[1], ok) == "refine_parse"
@@ -166,7 +171,7 @@ def _template_score(pairs):
     for _, a in pairs:
         p = common.parse_answer(a or "")
         if p.reason not in ("ok", "no_filename"):
-            out.append(build_sft.parse_failure_result(p.reason))
+            out.append(onpolicy.parse_failure(p.reason))
         else:
             out.append({"status": "ok", "overall_pct": 80.0, "uncovered": [], "errors": [],
                         "metrics": {"block": {"covered": 4, "total": 5, "pct": 80.0}}})
@@ -176,7 +181,6 @@ def _template_score(pairs):
 def test_stage2_from_tiny_model_rollouts():
     """Stage 2 end to end with a tiny random model: its rollouts are junk (parse failures), the template
     teacher labels them with its strong template, rows are refine_parse on the memoryless state."""
-    from data import teacher as teacher_mod
     model, tok = common.tiny_model(seed=0)
     tasks = [task(0), task(1)]
     states_fn = build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0)
@@ -187,7 +191,7 @@ def test_stage2_from_tiny_model_rollouts():
     teacher = teacher_mod.TemplateTeacher("strong")
     rows, st = build_sft.build_stage2(tasks, teacher, stage1, lambda ts: pairs, score_fn=_template_score, rounds=1)
     assert rows[0] == stage1[0] and st["runs"] == 4 and st["states_by_tag"] == {"fail": 2}
-    assert set(st["runs_by_status"]) <= set(build_sft.PARSE_FAILURES)
+    assert set(st["runs_by_status"]) <= set(onpolicy.PARSE_FAILURES)
     new = rows[1:]
     assert [r["kind"] for r in new] == ["refine_parse", "refine_parse"] and [r["stage"] for r in new] == [2, 2]
     for r, t in zip(new, tasks):
@@ -196,6 +200,32 @@ def test_stage2_from_tiny_model_rollouts():
         assert r["messages"][4]["content"] == build_sft.canonical(teacher_mod.template_answer(t, "strong"))
         assert r["reward_before"] == 0.0 and r["reward_after"] == pytest.approx(1.8)
     assert "states_fn_s" in st
+
+
+UNDRIVABLE_RTL = ("module grid(input clk, input logic [3:0] col_index [0:1], output y);\n"
+                  "  assign y = col_index[0][0];\nendmodule\n")
+
+
+def test_a_design_the_teacher_cannot_drive_is_counted_and_skipped(tmp_path):
+    """Issue 16: a port of non-integral type (an unpacked array) makes the template teacher raise
+    TeacherError; the build counts it by reason, leaves it out of every stage, and goes on."""
+    bad = {**task(9), "id": "grid", "dut_module_name": "grid",
+           "rtl_files": [{"name": "grid.sv", "content": UNDRIVABLE_RTL}]}
+    with pytest.raises(teacher_mod.TeacherError, match="non-integral"):
+        teacher_mod.template_answer(bad, "strong", 0)
+    tasks = [task(0), bad, task(1)]
+    info = build_sft.build_all(tasks, tmp_path / "out", teacher_mod.TemplateTeacher("strong"), n=1,
+                               fail_fraction=0.0, rounds=1, score_fn=_template_score)
+    reason = "port '*' has non-integral type"
+    assert info["tasks"] == 3 and info["stage0"]["skipped_by_reason"] == {reason: 1}
+    assert info["stage0"]["skipped_ids"] == ["grid"] and info["stage1"]["designs"] == 2
+    rows = [json.loads(x) for k in ("stage0", "stage1") for x in (tmp_path / "out" / f"{k}.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in rows} == {"t0", "t1"}
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["outcome"]["skipped_by_reason"] == {reason: 1} and result["outcome"]["drivable_tasks"] == 2
+    assert result["outcome"]["sizes"] == info["sizes"]
+    done = json.loads((tmp_path / "out" / "done.json").read_text())
+    assert done["script"] == "data/build_sft.py" and done["files"]["stage1"] == "stage1.jsonl"
 
 
 def _save_tiny(tmp_path):
@@ -212,8 +242,6 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
     """The whole flow through the CLI: 2 synthetic designs, one of them also in the 'eval' file
     (dropped by --decontaminate), stages 0-1 with the template teacher, stage 2 from a saved tiny
     model + LoRA adapter (junk rollouts -> refine_parse rows), build_info.json complete."""
-    import json
-    from data.designs import generate_tasks
     m, a = _save_tiny(tmp_path)
     train = generate_tasks(2, 0, "train", families=["parity", "decoder"])
     (tmp_path / "eval.jsonl").write_text(json.dumps(train[1]) + "\n")
@@ -225,6 +253,8 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
                            "--quant", "fp32"])
     saved = json.loads((out / "build_info.json").read_text())
     assert saved == json.loads(json.dumps(info))
+    assert json.loads((out / "result.json").read_text())["outcome"]["sizes"] == saved["sizes"]
+    assert (out / "done.json").is_file()
     assert saved["decontamination"]["dropped"] == 1 and saved["decontamination"]["kept"] == 1
     assert saved["decontamination"]["dropped_rows"][0]["id"] == train[1]["id"]
     assert saved["tasks"] == 1
@@ -236,3 +266,11 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
     assert all(r["task_id"] == train[0]["id"] for v in rows.values() for r in v)
     assert set(saved["seconds"]) >= {"stage0", "stage1", "stage2", "stage2_rollouts", "total"}
     assert saved["stage2_policy"]["adapter"] == a and saved["stage2"]["runs"] == 2
+
+
+def test_a_malformed_task_file_ends_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text(json.dumps(task(0)) + "\n" + json.dumps({"id": "x"}) + "\n")
+    assert rundir.cli("data/build_sft.py", build_sft.main, ["--tasks", str(bad), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"data/build_sft.py: error: {bad}:2: task is missing field(s)") and len(err.splitlines()) == 1

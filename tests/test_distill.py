@@ -3,14 +3,21 @@ against brute force, the advantage sign, and CPU steps with a tiny student and t
 
 Run: python -m pytest -q tests/test_distill.py
 """
+import copy
 import json
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import common
 import distill
+import onpolicy
+import rl
+import rundir
+from onpolicy import Group, Sample, Score
 from distill import gate, group_mode, group_stat, topk_reverse_kl, vopd_advantages
 
 
@@ -139,9 +146,6 @@ SEED = 42          # distill.py builds its tiny base with --seed; the adapters a
 @pytest.fixture(scope="module")
 def experts(tmp_path_factory):
     """Saved adapters student/t0/t1 (random non-zero B, so they differ) and the tiny (model, tok)."""
-    import copy
-    import common
-    import rl
     root = tmp_path_factory.mktemp("experts")
     model, tok = common.tiny_model(seed=SEED)
     paths = {}
@@ -167,14 +171,13 @@ def _trainable(path):
 
 
 def test_build_models_one_base_student_trainable_teachers_frozen(experts):
-    import rl
     paths, _, _ = experts
     args = _args(paths, "unused")
     model, tok = distill.build_models(args, paths["student"], [paths["t0"], paths["t1"]])
     assert set(model.peft_config) == {"default", "teacher0", "teacher1"}
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".default." in n for n in trainable)
-    with rl.use_adapter(model, "teacher1"):
+    with onpolicy.use_adapter(model, "teacher1"):
         assert model.active_adapter == "teacher1"
     assert model.active_adapter == "default"
     assert [n for n, p in model.named_parameters() if p.requires_grad] == trainable
@@ -182,9 +185,9 @@ def test_build_models_one_base_student_trainable_teachers_frozen(experts):
     ids = tok("module tb; reg a; initial a = 0; endmodule", add_special_tokens=False)["input_ids"]
     row = [(ids[:4], ids[4:])]
     with torch.no_grad():
-        s = rl.per_token_logps(model, row).logps
-        with rl.use_adapter(model, "teacher0"):
-            t = rl.per_token_logps(model, row).logps
+        s = onpolicy.per_token_logps(model, row).logps
+        with onpolicy.use_adapter(model, "teacher0"):
+            t = onpolicy.per_token_logps(model, row).logps
     assert (s - t).abs().max() > 1e-3
 
 
@@ -207,7 +210,6 @@ def test_choose_experts_best_by_validation_and_student_not_its_own_teacher(tmp_p
 
 
 def test_distill_advantages_match_a_naive_full_softmax(experts):
-    import rl
     paths, _, tok = experts
     model, _ = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
     a = tok("module tb; reg a; initial a = 0; endmodule", add_special_tokens=False)["input_ids"]
@@ -221,7 +223,7 @@ def test_distill_advantages_match_a_naive_full_softmax(experts):
         P, C = len(r.prompt_ids), len(r.completion_ids)
         with torch.no_grad():
             s = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
-            with rl.use_adapter(model, "teacher1"):
+            with onpolicy.use_adapter(model, "teacher1"):
                 t = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
         y = torch.tensor(r.completion_ids)[:, None]
         log_ratio = (s.log_softmax(-1).gather(-1, y) - t.log_softmax(-1).gather(-1, y)).squeeze(-1)
@@ -234,25 +236,24 @@ def test_one_distillation_step_pulls_the_student_toward_the_teacher(experts):
     """A token where the teacher is more likely than the student gets A > 0 (b_t >= 0 only adds),
     and after one clipped policy-gradient step (rl.train_on_batch) on that token alone the
     student's log-prob of it rises."""
-    import rl
     paths, _, tok = experts
     model, _ = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
     ids = tok("module tb; reg a, b; initial begin a = 0; b = 1; end endmodule", add_special_tokens=False)["input_ids"]
     row = SimpleNamespace(prompt_ids=ids[:4], completion_ids=ids[4:])
     with torch.no_grad():
-        s = rl.per_token_logps(model, [row]).logps[0]
-        with rl.use_adapter(model, "teacher0"):
-            t = rl.per_token_logps(model, [row]).logps[0]
+        s = onpolicy.per_token_logps(model, [row]).logps[0]
+        with onpolicy.use_adapter(model, "teacher0"):
+            t = onpolicy.per_token_logps(model, [row]).logps[0]
     j = int(torch.argmax(t - s))
     assert t[j] > s[j]
     adv, _ = distill.distill_advantages(model, [row], "teacher0")
     assert adv[0][j] > 0
     only_j = torch.zeros_like(adv[0])
     only_j[j] = adv[0][j]
-    opt = rl.make_optimizer(model, lr=1e-3)
+    opt = onpolicy.make_optimizer(model, lr=1e-3)
     rl.train_on_batch(model, opt, [row], [only_j], norm_groups=["opd"])
     with torch.no_grad():
-        s_after = rl.per_token_logps(model, [row]).logps[0]
+        s_after = onpolicy.per_token_logps(model, [row]).logps[0]
     assert s_after[j] > s[j]
 
 
@@ -262,8 +263,6 @@ def test_one_distillation_step_pulls_the_student_toward_the_teacher(experts):
 def _scripted_sources(tok, table):
     """Student and teacher sources that return the rewards of table[(task_id, round)] =
     (student rewards, per-teacher rewards); the student's tokens are fixed short strings."""
-    import rl
-    from rl import Group, Sample, Score
     prompt = tok("module dut; endmodule", add_special_tokens=False)["input_ids"]
     texts = ["initial a = 0;", "initial begin b = 1; end", "reg [3:0] c;", "always @(posedge clk) d <= 1;"]
 
@@ -288,9 +287,8 @@ def _scripted_sources(tok, table):
 
 def _gate_table():
     """Four tasks; step 0 sees p, q (mixed gates), step 1 sees x, y (every gate closed)."""
-    import rl
     tasks = [{"id": k} for k in "abcd"]
-    p, q, x, y = [tasks[rl.task_order(i, 4, SEED)]["id"] for i in range(4)]
+    p, q, x, y = [tasks[onpolicy.task_order(i, 4, SEED)]["id"] for i in range(4)]
     table = {  # (task, round): (student rewards, [teacher 0 rewards, teacher 1 rewards])
         (p, 1): ([1.2, 1.0], [[1.5], [1.3]]),    # teacher 0 beats the student      -> opd t0
         (p, 2): ([1.8, 1.0], [[1.5], [1.7]]),    # the student's best is higher     -> closed
@@ -306,13 +304,12 @@ def _gate_table():
 
 def _record_training(monkeypatch):
     """Wrap rl.train_on_batch and record, per call, {(task_id, round): label} of the trained rows."""
-    import rl
     calls, real = [], rl.train_on_batch
 
     def spy(model, optimizer, rows, advantages, **kw):
         calls.append({(r.task_id, r.round): lab for r, lab in zip(rows, kw["norm_groups"])})
         return real(model, optimizer, rows, advantages, **kw)
-    monkeypatch.setattr(rl, "train_on_batch", spy)
+    monkeypatch.setattr(distill, "train_on_batch", spy)
     return calls
 
 
@@ -369,7 +366,6 @@ def test_scripted_rollouts_gate_opens_and_skips_exactly_where_it_should(experts,
 
 def _hash_score(task, c):
     """A scripted scorer for real generations: the reward depends on the text only."""
-    from rl import Score
     r = [0.0, 1.0 + (len(c.text) % 7) / 10, 1.2][sum(map(ord, c.text)) % 3]
     s = Score(r, "ok" if r else "compile_error", r - 1 if r else None, r > 1.5, r > 0, r > 0)
     return lambda: s
@@ -378,7 +374,6 @@ def _hash_score(task, c):
 def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch):
     """Real generation by the student and both teacher adapters on one tiny base; scripted scores.
     --release-fast frees the decoder once per step, after the teachers' rollouts, before training."""
-    import common
     paths, _, _ = experts
     out = tmp_path / "run"
     tasks = [{"id": "t0", "rtl_files": [{"name": "a.sv", "content": "module a(input x); endmodule"}],
@@ -394,16 +389,15 @@ def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch)
     assert len(log) == 1 and log[0]["groups"] == 2 and log[0]["opd_groups"] == 2
     assert log[0]["num_tokens"] > 0 and log[0]["opd/b"] >= 0
     assert log[0]["teacher_chosen/t0"] + log[0]["teacher_chosen/t1"] == 2
-    from safetensors.torch import load_file
     before = load_file(f"{paths['student']}/adapter_model.safetensors")
     after = load_file(str(out / "adapter" / "adapter_model.safetensors"))
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
-    assert json.loads((out / "done.json").read_text())["step"] == 1
+    assert json.loads((out / "result.json").read_text())["outcome"]["steps"] == 1
+    assert json.loads((out / "done.json").read_text())["script"] == "distill.py"
 
 
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path):
     """Scripted rollouts (so the test is fast) with OPD and RL-fallback updates in both steps."""
-    import rl
     paths, _, tok = experts
     tasks, _, table = _gate_table()
     source, teacher_source = _scripted_sources(tok, table)
@@ -421,7 +415,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path
 
     with pytest.raises(Killed):
         distill.run(_args(paths, tmp_path / "b", *extra), source=dying_source, teacher_source=teacher_source, tasks=tasks)
-    assert rl.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
+    assert rundir.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
     with pytest.raises(SystemExit):             # an existing run needs --resume
         distill.run(_args(paths, tmp_path / "b", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
     distill.run(_args(paths, tmp_path / "b", *extra, "--resume"), source=source, teacher_source=teacher_source,

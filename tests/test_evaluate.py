@@ -6,12 +6,17 @@ Run: python -m pytest -q tests/test_evaluate.py
 import json
 import math
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import chorus_mini
 import common
 import evaluate
+import onpolicy
+import rundir
 import sim
 
 CNT = """module cnt(input clk, input rst, input en, output reg [1:0] q);
@@ -122,6 +127,9 @@ def test_result_key_orders_parse_compile_run_coverage_pass():
               r("ok", pct=50.0), r("ok", pct=89.9), r("ok", pct=90.0, passed=True), r("ok", pct=100.0, passed=True)]
     keys = [evaluate.result_key(x) for x in ladder]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    for reason in onpolicy.PARSE_FAILURES:    # a parse failure is the same bottom as "no result"
+        assert evaluate.result_key(onpolicy.parse_failure(reason)) == evaluate.result_key(None)
+        assert not evaluate.syn_ok(onpolicy.parse_failure(reason))
     assert evaluate.coverage(r("timeout", pct=80.0)) == 0.0             # a failed run counts as 0
     assert [evaluate.syn_ok(x) for x in ladder] == [False, False, False, True, True, True, True, True]
 
@@ -172,7 +180,7 @@ def test_scripted_agentic_eval_through_the_scorer(tmp_path):
                    ("t_mux", 1): [0.0, 0.0, 50.0],          # unparsed, broken, fixed
                    ("t_mux", 2): [50.0, 50.0, 100.0]}
     assert by[("t_cnt", 2)]["rounds"][1]["answer"]["reason"] == "truncated"
-    assert by[("t_cnt", 2)]["rounds"][1]["result"] is None and by[("t_cnt", 2)]["rounds"][0]["result"]["status"] == "compile_error"
+    assert by[("t_cnt", 2)]["rounds"][1]["result"]["status"] == "truncated" and by[("t_cnt", 2)]["rounds"][0]["result"]["status"] == "compile_error"
 
     # the state each round showed: best-so-far by >=, an unparsed best restarts from the initial prompt
     states = {k: [r["state_round"] for r in s["rounds"]] for k, s in by.items()}
@@ -261,3 +269,28 @@ def test_cli_eval_with_the_tiny_random_model_scores_zero(tmp_path):
     shutil.copytree(tmp_path / "ev", tmp_path / "ev_copy")
     assert chorus_mini.main(["compare", str(tmp_path / "ev"), str(tmp_path / "ev_copy"), "--out", str(tmp_path / "cmp")]) == 0
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["oracle"]["solved"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command line: --help, and bad input in one line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_evaluate_help_lists_its_subcommands():
+    p = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "usage: evaluate.py" in p.stdout and "{eval,compare,generate}" in p.stdout
+
+
+def test_a_malformed_task_file_ends_in_one_line_naming_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "BAD.jsonl"
+    bad.write_text(json.dumps(TASKS[0]) + "\n{not json\n")
+    p = subprocess.run([sys.executable, "chorus_mini.py", "eval", "--tasks", str(bad), "--out", str(tmp_path / "o")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and f"{bad}:2: " in p.stderr
+    assert p.stderr.startswith("chorus_mini.py: error: ")
+    # the same boundary in-process, for evaluate.py and a missing file
+    code = rundir.cli("evaluate.py", evaluate.main, ["eval", "--tasks", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("evaluate.py: error: ") and "none.jsonl" in err and len(err.splitlines()) == 1

@@ -215,6 +215,6 @@ def test_run_small_lanes_finish_the_pipeline(tmp_path):
     log = (out / "eval" / "stdout.log").read_text()
     for name in cm.model_adapters(out):
         assert (out / "eval" / name / "metrics.json").is_file() and (out / "eval_syn" / name / "metrics.json").is_file()
-        runs = re.findall(rf"^\$ python chorus_mini.py eval .*--out \S*/eval/{name} ", log, flags=re.M)
+        runs = re.findall(rf"^\$ python evaluate.py eval .*--out \S*/eval/{name} ", log, flags=re.M)
         assert len(runs) == 1, name                                        # each model evaluated once
     assert (out / "report" / "report.md").is_file()

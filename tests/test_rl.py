@@ -14,8 +14,13 @@ import numpy as np
 import pytest
 import torch
 
+import common
+import onpolicy
 import rl
-from rl import Group, Sample, Score, compute_advantages, dapo_loss, per_token_logps
+import sim
+import rundir
+from onpolicy import Group, Sample, Score, per_token_logps
+from rl import compute_advantages, dapo_loss
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -122,27 +127,27 @@ def test_k3_kl_and_beta():
 
 
 def test_overlong_penalty():
-    assert rl.overlong_penalty(900, 1000, 0) == 0.0
-    assert rl.overlong_penalty(750, 1000, 250) == 0.0
-    assert rl.overlong_penalty(875, 1000, 250) == pytest.approx(-0.5)
-    assert rl.overlong_penalty(1000, 1000, 250) == pytest.approx(-1.0)
-    assert rl.overlong_penalty(1200, 1000, 250) == -1.0
+    assert onpolicy.overlong_penalty(900, 1000, 0) == 0.0
+    assert onpolicy.overlong_penalty(750, 1000, 250) == 0.0
+    assert onpolicy.overlong_penalty(875, 1000, 250) == pytest.approx(-0.5)
+    assert onpolicy.overlong_penalty(1000, 1000, 250) == pytest.approx(-1.0)
+    assert onpolicy.overlong_penalty(1200, 1000, 250) == -1.0
 
 
 def test_worst_sample_ties_broken_by_coverage():
     def s(reward, cov):
         return Sample("t", 1, [], f"{reward}/{cov}", [1], [2], False, Score(reward, "x", cov))
-    assert rl.worst_sample([s(1.5, .5), s(0.0, .3), s(0.0, .1), s(1.2, .2)]).text == "0.0/0.1"
-    assert rl.worst_sample([s(0.0, .3), s(0.0, None), s(1.0, 0.0)]).text == "0.0/None"
+    assert onpolicy.worst_sample([s(1.5, .5), s(0.0, .3), s(0.0, .1), s(1.2, .2)]).text == "0.0/0.1"
+    assert onpolicy.worst_sample([s(0.0, .3), s(0.0, None), s(1.0, 0.0)]).text == "0.0/None"
     first = s(1.4, .4)
-    assert rl.worst_sample([first, s(1.4, .4)]) is first
+    assert onpolicy.worst_sample([first, s(1.4, .4)]) is first
 
 
 def test_task_order_is_a_seeded_permutation_per_epoch():
-    order = [rl.task_order(c, 5, seed=3) for c in range(10)]
+    order = [onpolicy.task_order(c, 5, seed=3) for c in range(10)]
     assert sorted(order[:5]) == list(range(5)) and sorted(order[5:]) == list(range(5))
-    assert order == [rl.task_order(c, 5, seed=3) for c in range(10)]
-    assert order != [rl.task_order(c, 5, seed=4) for c in range(10)]
+    assert order == [onpolicy.task_order(c, 5, seed=3) for c in range(10)]
+    assert order != [onpolicy.task_order(c, 5, seed=4) for c in range(10)]
 
 
 # -----------------------------------------------------------------------------
@@ -169,7 +174,7 @@ def test_two_round_rollouts_structure_and_pipeline_order():
         return lambda: Score(r, "ok" if r else "compile_error", cov)
 
     tasks = [{"id": f"t{k}"} for k in range(3)]
-    groups, timings = rl.two_round_rollouts(
+    groups, timings = onpolicy.two_round_rollouts(
         tasks, generate_fn=_scripted_generate(calls), score_fn=score_fn, num_generations=4,
         seed_fn=lambda rnd, idx: 1000 * rnd + idx, first_index=10, chunk_size=2,
         build_fn=lambda t: [{"role": "user", "content": "R1 " + t["id"]}],
@@ -205,16 +210,16 @@ def test_collect_groups_dynamic_sampling_refills_up_to_the_cap(refill):
     table = {"flat0": [1.0] * 4, "flat1": [0.0] * 4, "var0": [0.0, 1.5, 0.0, 1.5], "var1": [1.2, 1.3, 1.2, 1.3]}
     tasks = [{"id": k} for k in table]
     kw = dict(step=0, cursor=0, prompts_per_step=2, rounds=2, seed=0, refill=refill)
-    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks, **kw)
+    kept, all_groups, cursor, t = onpolicy.collect_groups(_fixed_source(table), None, None, tasks, **kw)
     assert len(kept) == 4 and cursor == 2 and t["extra_prompts"] == 0      # off: everything is kept
-    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks,
+    kept, all_groups, cursor, t = onpolicy.collect_groups(_fixed_source(table), None, None, tasks,
                                                     dynamic_sampling=True, max_extra_prompts=2, **kw)
     assert all(len(set(g.rewards)) > 1 for g in kept)
     assert len(kept) == 4 and cursor == 4 and t["extra_prompts"] == 2      # all 4 tasks seen: 2 informative
-    kept, _, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks,
+    kept, _, cursor, t = onpolicy.collect_groups(_fixed_source(table), None, None, tasks,
                                            dynamic_sampling=True, max_extra_prompts=1, **kw)
     assert cursor == 3 and t["extra_prompts"] == 1 and len(kept) <= 4
-    m = rl.rollout_metrics(all_groups)
+    m = onpolicy.rollout_metrics(all_groups)
     assert m["frac_reward_zero_std"] == pytest.approx(0.5)
 
 
@@ -234,7 +239,7 @@ def test_refill_ahead_follows_the_sequential_rule_in_one_call():
                 def counting(*a, _src=src, _calls=calls[refill], **k):
                     _calls.append(len(a[2]))
                     return _src(*a, **k)
-                out[refill] = rl.collect_groups(counting, None, None, tasks, step=0, cursor=cursor, prompts_per_step=2,
+                out[refill] = onpolicy.collect_groups(counting, None, None, tasks, step=0, cursor=cursor, prompts_per_step=2,
                                                 rounds=2, seed=1, dynamic_sampling=True, max_extra_prompts=cap,
                                                 refill=refill)
             ka, aa, ca, ta = out["ahead"]
@@ -245,7 +250,7 @@ def test_refill_ahead_follows_the_sequential_rule_in_one_call():
             assert len(calls["ahead"]) == 1 and calls["ahead"][0] == 2 + cap
             assert calls["sequential"][0] == 2 and sum(calls["sequential"]) == 2 + ta["extra_prompts"]
             assert ta["unused_prompts"] == cap - ta["extra_prompts"] and ts["unused_prompts"] == 0
-    kept, all_groups, cursor, t = rl.collect_groups(_fixed_source(table), None, None, tasks, step=0, cursor=3,
+    kept, all_groups, cursor, t = onpolicy.collect_groups(_fixed_source(table), None, None, tasks, step=0, cursor=3,
                                                     prompts_per_step=0, rounds=2, seed=1, dynamic_sampling=True,
                                                     max_extra_prompts=4)                 # no prompts: no loop
     assert kept == [] and all_groups == [] and cursor == 3 and t["extra_prompts"] == 0
@@ -256,15 +261,13 @@ def test_refill_ahead_follows_the_sequential_rule_in_one_call():
 
 @pytest.fixture(scope="module")
 def tiny():
-    import common
     return common.tiny_model(seed=0)
 
 
 def _lora(model, seed=0):
-    import common
     torch.manual_seed(seed)
     m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
-    rl.disable_dropout(m)
+    onpolicy.disable_dropout(m)
     with torch.no_grad():       # non-zero B so the adapter matters in these tests
         for n, p in m.named_parameters():
             if "lora_B" in n:
@@ -346,31 +349,51 @@ def test_norm_groups_average_each_label_separately(tiny):
 def test_steps_per_generation_uses_old_logps(tiny):
     model, tok = tiny
     m = _lora(model)
-    opt = rl.make_optimizer(m, lr=1e-2)
+    opt = onpolicy.make_optimizer(m, lr=1e-2)
     stats = rl.train_on_batch(m, opt, _rows(tok) * 2, [1.0, -1.0, 1.0, -1.0], steps_per_generation=2)
     assert opt.state[opt.param_groups[0]["params"][0]]["step"] == 2
     assert stats["ratio"] != pytest.approx(1.0, abs=1e-7)      # the second mini-batch moved
 
 
+def test_all_zero_advantages_take_no_optimizer_step(tiny):
+    """Issue 21: after a real step Adam has momentum, so stepping on a zero gradient would still move the
+    weights; a step whose advantages are all zero must leave them bit-for-bit unchanged and say so."""
+    model, tok = tiny
+    m = _lora(model)
+    opt = onpolicy.make_optimizer(m, lr=1e-2)
+    first = rl.train_on_batch(m, opt, _rows(tok), [1.0, -1.0])
+    assert first["skipped"] == 0 and first["grad_norm"] > 0
+    before = {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}
+    adam_steps = opt.state[opt.param_groups[0]["params"][0]]["step"].item()
+    stats = rl.train_on_batch(m, opt, _rows(tok), [0.0, 0.0])
+    assert stats["skipped"] == 1 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
+    assert opt.state[opt.param_groups[0]["params"][0]]["step"].item() == adam_steps == 1
+    # the control: Adam stepped on an explicit zero gradient does move them (what the skip avoids)
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert any(not torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
+
+
 def test_kl_to_the_initial_adapter_and_adapter_switching(tiny, tmp_path):
-    import common
     model, tok = tiny
     common.save_adapter(_lora(model), str(tmp_path / "stage"))
     args = rl.parse_args(["--model", "tiny", "--tasks", "x", "--out", str(tmp_path / "o"),
                           "--adapter", str(tmp_path / "stage"), "--kl-beta", "0.1", "--seed", "0",
                           "--no-gradient-checkpointing"])
-    m, tok, ref = rl.build_policy(args)
+    m, tok, ref = onpolicy.build_policy(args)
     assert ref == "ref" and set(m.peft_config) == {"default", "ref"} and m.active_adapter == "default"
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     assert trainable and all(".default." in n for n in trainable)
-    opt = rl.make_optimizer(m, lr=1e-2)
+    opt = onpolicy.make_optimizer(m, lr=1e-2)
     rows = _rows(tok)
     stats = rl.train_on_batch(m, opt, rows, [1.0, -1.0], beta=0.1, ref_adapter="ref")
     assert abs(stats["kl"]) < 1e-4                        # step 0: the policy is its initial adapter
     assert {n for n, p in m.named_parameters() if p.requires_grad} == trainable
     stats = rl.train_on_batch(m, opt, rows, [1.0, -1.0], beta=0.1, ref_adapter="ref")
     assert stats["kl"] > 1e-4                             # moved away from it
-    with torch.no_grad(), rl.use_adapter(m, None):        # None: the bare base model
+    with torch.no_grad(), onpolicy.use_adapter(m, None):        # None: the bare base model
         base = per_token_logps(m, rows).logps
     assert torch.allclose(base, per_token_logps(model, rows).logps, atol=1e-5)
     assert m.active_adapter == "default"
@@ -380,7 +403,6 @@ def test_scripted_step_moves_toward_the_high_reward_testbench(tiny, tmp_path):
     """Known testbenches with different rewards: after the update the better one is more likely."""
     model0, tok = tiny
     hi, lo = GOOD_TB, BAD_TB
-    import common
     prompt = common.chat_ids(tok, [{"role": "user", "content": "and_gate"}])
     seen = {}
 
@@ -408,7 +430,7 @@ def test_scripted_step_moves_toward_the_high_reward_testbench(tiny, tmp_path):
     assert [r["step"] for r in log] == [1, 2] and log[0]["reward"] == pytest.approx(1.0)
     assert log[0]["pass_rate"] == pytest.approx(0.5) and log[0]["frac_reward_zero_std"] == 0
     assert (out / "adapter" / "adapter_config.json").exists() and (out / "done.json").exists()
-    assert (out / "curves.png").exists() and rl.latest_checkpoint(out / "ckpt").name == "step_000002"
+    assert (out / "curves.png").exists() and rundir.latest_checkpoint(out / "ckpt").name == "step_000002"
 
 
 def _hash_score(task, c):
@@ -429,7 +451,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
         pass
 
     saved = []
-    real_save = rl.save_checkpoint
+    real_save = rundir.save_checkpoint
 
     def save_then_remember(*a, **k):
         saved.append(a[1])
@@ -440,11 +462,11 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
             raise Killed
         return _hash_score(task, c)
 
-    monkeypatch.setattr(rl, "save_checkpoint", save_then_remember)
+    monkeypatch.setattr(rundir, "save_checkpoint", save_then_remember)
     with pytest.raises(Killed):
         rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b")]), score_fn=dying_score, tasks=tasks)
-    monkeypatch.setattr(rl, "save_checkpoint", real_save)
-    assert rl.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
+    monkeypatch.setattr(rundir, "save_checkpoint", real_save)
+    assert rundir.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
     with pytest.raises(SystemExit):         # an existing run needs --resume
         rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b")]), score_fn=_hash_score, tasks=tasks)
     rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b"), "--resume"]), score_fn=_hash_score, tasks=tasks)
@@ -464,10 +486,10 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
 
 def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
     (tmp_path / "ckpt" / ".tmp_step_000005").mkdir(parents=True)
-    assert rl.latest_checkpoint(tmp_path / "ckpt") is None
-    state = rl.rng_state()
+    assert rundir.latest_checkpoint(tmp_path / "ckpt") is None
+    state = rundir.rng_state()
     a = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
-    rl.set_rng_state(json.loads(json.dumps(state)))
+    rundir.set_rng_state(json.loads(json.dumps(state)))
     b = (torch.rand(3), __import__("random").random(), __import__("numpy").random.rand())
     assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
 
@@ -477,16 +499,21 @@ def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
 
 @pytest.mark.needs_iverilog
 def test_sim_score_fn_rewards_a_real_testbench():
-    import sim
     with sim.SimPool(2) as pool:
-        score = rl.sim_score_fn(pool)
+        score = onpolicy.sim_score_fn(pool)
         good = score(AND_TASK, SimpleNamespace(text=GOOD_TB))()
         bad = score(AND_TASK, SimpleNamespace(text=BAD_TB))()
         unparsed = score(AND_TASK, SimpleNamespace(text="no code here"))()
+        cut = score(AND_TASK, SimpleNamespace(text="filename: tb.sv\n```systemverilog\nmodule tb;\n  reg a;"))()
     assert good.status == "ok" and 1.0 < good.reward <= 2.0 and good.compile_ok and good.parsed
     assert good.reward == pytest.approx(1 + good.coverage)
+    assert good.reward == sim.reward(sim.SimResult.from_dict(good.result))   # one reward: sim.reward
     assert bad.reward == 0.0 and not bad.compile_ok and bad.parsed
-    assert unparsed.reward == 0.0 and unparsed.status == "parse_error" and unparsed.result is None
+    # one way to say "did not parse": a result whose status is the parse reason, never simulated
+    assert unparsed.reward == 0.0 and unparsed.status == "no_code" and not unparsed.parsed
+    assert unparsed.result == onpolicy.parse_failure("no_code") and onpolicy.is_parse_failure(unparsed.result)
+    assert cut.reward == 0.0 and cut.status == "truncated" and onpolicy.feedback_result(cut.result) is None
+    assert onpolicy.feedback_result(bad.result) is bad.result
 
 
 @pytest.mark.needs_iverilog
@@ -500,5 +527,15 @@ def test_two_real_steps_with_the_tiny_model_and_the_scorer(tmp_path):
     log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert all(r["reward"] == 0.0 and r["frac_reward_zero_std"] == 1.0 for r in log)   # a random model
-    assert json.loads((out / "done.json").read_text())["step"] == 2
+    assert all(r["skipped"] == 1 for r in log)                # all-zero advantages: no optimizer step
+    assert json.loads((out / "result.json").read_text())["outcome"]["steps"] == 2
+    assert json.loads((out / "done.json").read_text())["files"]["adapter"] == "adapter"
     assert (out / "adapter" / "adapter_config.json").exists()
+
+
+def test_a_missing_task_file_ends_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "none.jsonl"
+    argv = ["--model", "tiny", "--tasks", str(missing), "--out", str(tmp_path / "o"), "--steps", "1"]
+    assert rundir.cli("rl.py", rl.main, argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rl.py: error: ") and str(missing) in err and len(err.splitlines()) == 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import common
+import rundir
 import sft
 
 
@@ -91,7 +92,7 @@ def test_sft_lowers_loss_and_saves_a_reloadable_adapter(rows, tmp_path):
     after = set_loss(trained, tok, rows)
     assert after < before - 0.3, (before, after)
     out = tmp_path / "s0"
-    for name in ("adapter/adapter_config.json", "log.jsonl", "loss.png", "result.json", "done.json"):
+    for name in ("adapter/adapter_config.json", "log.jsonl", "curves.png", "result.json", "done.json"):
         assert (out / name).exists(), name
     result = json.loads((out / "result.json").read_text())
     assert result["setup"]["rows_used"] == 8 and result["setup"]["steps"] == 12
@@ -127,6 +128,7 @@ def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
     model, tok = fresh()
     part = sft.train_sft(model, tok, rows, tmp_path / "split", stop_after_steps=3, **kw)
     assert not part["outcome"]["finished"] and not (tmp_path / "split" / "done.json").exists()
+    assert rundir.latest_checkpoint(tmp_path / "split" / "ckpt").name == "step_000003"   # rl.py's format
     model, tok = fresh()
     with pytest.raises(ValueError, match="batch_size"):          # the data cursor needs the same batching
         sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **{**kw, "batch_size": 4})
@@ -156,3 +158,11 @@ def test_batches_cover_every_row_once_per_epoch():
         assert sorted(i for x in b for i in x) == list(range(7))
         assert b == sft.make_batches(lengths, 3, seed=0, epoch=1, group_by_length=group)
     assert sft.make_batches(lengths, 3, 0, 1) != sft.make_batches(lengths, 3, 0, 2)
+
+
+def test_a_malformed_row_file_ends_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n" + json.dumps({"kind": "x"}) + "\n")
+    assert rundir.cli("sft.py", sft.main, ["--data", str(bad), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"sft.py: error: {bad}:2: row has no 'messages' list\n"

@@ -1,0 +1,577 @@
+"""What rl.py (DAPO) and distill.py (gated OPD) share: sampling the policy, scoring its answers, and
+reading its token log-probs. Both trainers import from here; neither imports the other's loop.
+
+    seeds       derive_seed, task_order (a resumable, seeded task order)
+    scoring     parse_failure, is_parse_failure, result_reward, feedback_result, submit_answer,
+                score_answers (one answer: parse -> simulate -> reward; usable or not)
+    rollouts    Score, Sample, Group, worst_sample, two_round_rollouts, sim_score_fn, make_scorer,
+                make_model_source, release_fast_default, overlong_penalty, collect_groups (+ dynamic
+                sampling), rollout_metrics
+    log-probs   per_token_logps -> TokenLogps (sampled-token log-probs, entropy, top-K ids/log-probs, or
+                log-probs at given ids for a teacher), use_adapter (borrow another adapter), micro_batches
+    the policy  build_policy (base + trainable LoRA, dropout off), disable_dropout, make_optimizer
+    flags       add_rollout_args, add_runtime_args
+"""
+import argparse
+import contextlib
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import common
+import sim
+
+
+# -----------------------------------------------------------------------------
+# Seeds: every random draw derives from (seed, what, where), so a resumed run repeats it
+
+def derive_seed(*parts):
+    """A stable 31-bit seed from any printable parts, e.g. (seed, "gen", step, round, task_index).
+    (Python's hash() is salted per process, so it cannot be used for reproducible runs.)"""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def task_order(cursor, n_tasks, seed):
+    """Index of the task at data cursor position `cursor`: epoch e = cursor // n uses its own seeded
+    permutation, so the order depends only on (seed, cursor) and a resumed run repeats it."""
+    epoch, pos = divmod(cursor, n_tasks)
+    perm = np.random.default_rng(derive_seed(seed, "data", epoch)).permutation(n_tasks)
+    return int(perm[pos])
+
+
+# -----------------------------------------------------------------------------
+# Scoring one answer: parse -> simulate -> reward -> usable or not (also evaluate.py and data/build_sft.py)
+#
+# A result is a dict: SimResult.to_dict() when the answer was simulated, else parse_failure(reason), whose
+# status is the parse reason ("no_code": no code block; "truncated": the block was cut off by the token cap).
+
+PARSE_FAILURES = ("no_code", "truncated")    # common.parse_answer reasons that are never simulated
+
+
+def parse_failure(reason):
+    """The result dict of an answer that did not parse (nothing simulated, reward 0)."""
+    return {"status": reason if reason in PARSE_FAILURES else "no_code", "compile_ok": False, "passed": False,
+            "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
+
+
+def is_parse_failure(result):
+    return result is None or result.get("status") in PARSE_FAILURES
+
+
+def result_reward(result):
+    """sim.reward of a result dict: 1 + overall/100 when it ran with coverage, else 0."""
+    return 0.0 if is_parse_failure(result) else float(sim.reward(sim.SimResult.from_dict(result)))
+
+
+def feedback_result(result):
+    """What common.refine_messages takes for a scored answer: the result, or None after a parse failure."""
+    return None if is_parse_failure(result) else result
+
+
+def submit_answer(pool, task, text, target_mode="cvdp"):
+    """Parse `text` and, when it parsed, submit its simulation to a sim.SimPool. Returns (Answer, wait):
+    wait() -> the result dict (the simulation runs meanwhile, so the caller can generate the next batch)."""
+    answer = common.parse_answer(text)
+    if answer.reason in PARSE_FAILURES:
+        res = parse_failure(answer.reason)
+        return answer, lambda: res
+    future = pool.submit(sim.job_from_task(task, answer.code, target_mode=target_mode))
+    return answer, lambda: future.result().to_dict()
+
+
+def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate"):
+    """[(task, answer text)] -> [result dict], in order. The parsed answers are simulated with `workers`
+    processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status."""
+    answers = [common.parse_answer(text or "") for _, text in pairs]
+    todo = [i for i, a in enumerate(answers) if a.reason not in PARSE_FAILURES]
+    jobs = [sim.job_from_task(pairs[i][0], answers[i].code, target_mode=target_mode) for i in todo]
+    out = [parse_failure(a.reason) for a in answers]
+    counts = {}
+    with tqdm(total=len(jobs), desc=desc, dynamic_ncols=True, disable=not jobs) as bar, \
+            contextlib.ExitStack() as stack:
+        if (workers or os.cpu_count() or 1) > 1 and len(jobs) > 1:
+            pool = stack.enter_context(sim.SimPool(workers))
+            futures = [pool.submit(j) for j in jobs]
+            done = (f.result() for f in futures)
+        else:
+            done = (sim.simulate(j) for j in jobs)
+        for i, r in zip(todo, done):
+            out[i] = r.to_dict()
+            counts[r.status] = counts.get(r.status, 0) + 1
+            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items())), refresh=False)
+            bar.update(1)
+    return out
+
+
+@dataclass
+class Score:
+    """What the trainer needs from the scorer for one sample."""
+    reward: float                  # sim.reward: 1 + coverage, or 0
+    status: str                    # SimResult.status, or the parse failure (no_code / truncated)
+    coverage: float | None = None  # overall coverage 0..1 (partial metrics kept for failures)
+    passed: bool = False           # all coverage targets met
+    compile_ok: bool = False
+    parsed: bool = False
+    result: dict = None            # the result dict (see parse_failure)
+
+    @classmethod
+    def of(cls, result):
+        pct = result.get("overall_pct")
+        return cls(result_reward(result), result["status"], None if pct is None else pct / 100.0,
+                   bool(result.get("passed")), bool(result.get("compile_ok")), not is_parse_failure(result), result)
+
+
+# -----------------------------------------------------------------------------
+# Rollouts: two rounds per prompt, each its own group
+
+@dataclass
+class Sample:
+    task_id: str
+    round: int                     # 1 or 2
+    messages: list                 # the prompt messages the sample was drawn from
+    text: str
+    prompt_ids: list
+    completion_ids: list
+    truncated: bool
+    score: Score
+    reward: float = 0.0            # the reward the advantage sees (score.reward + overlong shaping)
+
+
+@dataclass
+class Group:
+    """G samples of one prompt state; the unit of the GRPO advantage."""
+    index: int                     # data cursor position of the task
+    task_id: str
+    round: int
+    samples: list = field(default_factory=list)
+
+    @property
+    def rewards(self):
+        return [s.reward for s in self.samples]
+
+
+def worst_sample(samples):
+    """The round-2 pivot: lowest reward; ties broken by lower coverage (unparsed / no coverage
+    counts as below 0%), then by the first index."""
+    def badness(i):
+        s = samples[i].score
+        return (s.reward, -1.0 if s.coverage is None else s.coverage, i)
+    return samples[min(range(len(samples)), key=badness)]
+
+
+def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn, first_index=0,
+                       rounds=2, chunk_size=1, build_fn=None, refine_fn=None):
+    """Sample and score `rounds` groups per task. Returns (groups, timings).
+
+    generate_fn(messages_list, seed) -> list of objects with .text, .prompt_ids, .completion_ids,
+        .truncated (common.Completion); one completion per entry.
+    score_fn(task, completion) -> a zero-argument callable that waits for and returns a Score
+        (so the simulation of one chunk runs while the next chunk generates).
+    seed_fn(round, task_index) -> the generation seed of a chunk whose first task has that index.
+    Tasks are processed in chunks of `chunk_size` prompts in the order R1(0), R1(1), R2(0), R1(2),
+    R2(1), ..., so each chunk's round-1 simulation overlaps the next chunk's round-1 generation.
+    Groups come back in task order, round 1 before round 2 for each task.
+    """
+    build_fn = build_fn or common.build_messages
+    refine_fn = refine_fn or common.refine_messages
+    G = num_generations
+    chunks = [list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size)]
+    pending = {}                                   # (task position, round) -> [(Sample, wait)]
+    timings = {"t_gen": 0.0, "t_sim": 0.0}
+
+    def launch(chunk, rnd):
+        messages_list = []
+        for t in chunk:
+            if rnd == 1:
+                msgs = build_fn(tasks[t])
+            else:
+                worst = worst_sample(finish(t, rnd - 1))
+                msgs = refine_fn(tasks[t], worst.text, feedback_result(worst.score.result))
+            messages_list += [msgs] * G
+        t0 = time.perf_counter()
+        completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]))
+        timings["t_gen"] += time.perf_counter() - t0
+        for j, t in enumerate(chunk):
+            entry = []
+            for c, msgs in zip(completions[j * G:(j + 1) * G], messages_list[j * G:(j + 1) * G]):
+                sample = Sample(tasks[t].get("id", str(t)), rnd, msgs, c.text, list(c.prompt_ids),
+                                list(c.completion_ids), bool(c.truncated), None)
+                entry.append((sample, score_fn(tasks[t], c)))
+            pending[(t, rnd)] = entry
+
+    def finish(t, rnd):
+        """Wait for the scores of (task, round); returns its samples."""
+        entry = pending[(t, rnd)]
+        t0 = time.perf_counter()
+        for sample, wait in entry:
+            if sample.score is None:
+                sample.score = wait()
+                sample.reward = sample.score.reward
+        timings["t_sim"] += time.perf_counter() - t0
+        return [s for s, _ in entry]
+
+    # R1(0), then for each next chunk: R1(c) and R2(c-1) — a one-deep pipeline.
+    for c, chunk in enumerate(chunks):
+        launch(chunk, 1)
+        for rnd in range(2, rounds + 1):
+            if c >= 1:
+                launch(chunks[c - 1], rnd)
+    for rnd in range(2, rounds + 1):
+        if chunks:
+            launch(chunks[-1], rnd)
+    groups = []
+    for t in range(len(tasks)):
+        for rnd in range(1, rounds + 1):
+            groups.append(Group(first_index + t, tasks[t].get("id", str(t)), rnd, finish(t, rnd)))
+    return groups, timings
+
+
+def sim_score_fn(pool, target_mode="icarus"):
+    """score_fn for two_round_rollouts backed by sim.SimPool (submit_answer): unparseable answers get
+    reward 0 without simulating."""
+    def score(task, completion):
+        _, wait = submit_answer(pool, task, completion.text, target_mode)
+        return lambda: Score.of(wait())
+    return score
+
+
+def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
+                      temperature=1.0, gen_batch_size=64, release_fast=False):
+    """The real rollout source: the policy generates (common.generate, fast path on CUDA), the
+    scorer rewards. Returns source(model, tok, tasks, *, step, first_index) -> (groups, timings).
+    Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them.
+    release_fast drops the fast decoder's packed weights and KV cache after each step's rollouts, so
+    the training phase gets that memory back (needed on 24 GB cards; costs a re-pack per step)."""
+
+    def source(model, tok, tasks, *, step, first_index):
+        def generate_fn(messages_list, call_seed):
+            model.eval()
+            return common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, top_p=1.0, seed=call_seed,
+                                   batch_size=gen_batch_size)
+        out = two_round_rollouts(
+            tasks, generate_fn=generate_fn, score_fn=score_fn, num_generations=num_generations,
+            seed_fn=lambda rnd, idx: derive_seed(seed, "gen", step, rnd, idx),
+            first_index=first_index, rounds=rounds, chunk_size=chunk_size)
+        if release_fast:
+            common.free_fast_cache(model)
+        return out
+    return source
+
+
+def release_fast_default(flag):
+    """--release-fast default: on when the GPU has under 40 GiB (a 24 GB card cannot hold the fast
+    decoder's packed weights + KV cache and the training activations at once), off elsewhere."""
+    if flag is not None:
+        return flag
+    return torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40 * 2**30
+
+
+def overlong_penalty(length, max_len, buffer):
+    """DAPO's soft overlong punishment: 0 up to max_len - buffer tokens, then falling linearly to -1
+    at max_len (and -1 beyond). buffer = 0 switches it off."""
+    if buffer <= 0 or length <= max_len - buffer:
+        return 0.0
+    return max(-1.0, (max_len - buffer - length) / buffer)
+
+
+def rollout_metrics(groups):
+    """Step metrics over every scored sample of the step."""
+    samples = [s for g in groups for s in g.samples]
+    if not samples:
+        return {}
+    mean = lambda xs: float(sum(xs) / len(xs)) if xs else None
+    m = {
+        "reward": mean([s.score.reward for s in samples]),
+        "reward_max": max(s.score.reward for s in samples),
+        "pass_rate": mean([float(s.score.passed) for s in samples]),
+        "coverage": mean([(s.score.coverage or 0.0) if s.score.status == "ok" else 0.0 for s in samples]),
+        "compile_rate": mean([float(s.score.compile_ok) for s in samples]),
+        "parse_rate": mean([float(s.score.parsed) for s in samples]),
+        "frac_reward_zero_std": mean([float(np.std(g.rewards) == 0) for g in groups]),
+        "completions/mean_length": mean([len(s.completion_ids) for s in samples]),
+        "completions/clipped_ratio": mean([float(s.truncated) for s in samples]),
+    }
+    for rnd in sorted({s.round for s in samples}):
+        m[f"reward_r{rnd}"] = mean([s.score.reward for s in samples if s.round == rnd])
+    return m
+
+
+# -----------------------------------------------------------------------------
+# One step's batch: rollouts + (optional) dynamic sampling
+
+def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step, rounds, seed,
+                   dynamic_sampling=False, max_extra_prompts=0, overlong=(0, 0), refill="ahead"):
+    """Roll out P prompts from the data cursor; with dynamic sampling, drop zero-variance groups and
+    refill from further prompts (batches of up to P, at most max_extra_prompts more) until P x rounds
+    groups remain. Returns (kept_groups, all_groups, new_cursor, timings).
+
+    refill="sequential" rolls out a refill batch only once the previous ones fell short. "ahead"
+    rolls out the first batch and every possible refill batch together (one generate call per round
+    instead of one per round and batch: the decode steps of a batch, not its width, set the time on a
+    GPU), then uses the batches in the same order and by the same rule, so the kept groups, the data
+    cursor and the logged counts follow the sequential procedure (the samples themselves differ: the
+    generation seeds follow the generate calls); the unused rollouts are dropped. It pays only when one
+    generate call covers them all (gen_chunk >= P + max_extra_prompts), so rl.py picks it only then."""
+    max_len, buffer = overlong
+    target = prompts_per_step * rounds
+    timings = {"t_gen": 0.0, "t_sim": 0.0}
+    sizes, left = [prompts_per_step], (max_extra_prompts if dynamic_sampling and prompts_per_step > 0 else 0)
+    while left > 0:                                   # batch sizes of the sequential procedure
+        sizes.append(min(prompts_per_step, left))
+        left -= sizes[-1]
+
+    def roll(first, n):
+        batch = [tasks[task_order(first + i, len(tasks), seed)] for i in range(n)]
+        groups, t = source(model, tok, batch, step=step, first_index=first)
+        for k in timings:
+            timings[k] += t.get(k, 0.0)
+        for g in groups:
+            for s in g.samples:
+                s.reward = s.score.reward + overlong_penalty(len(s.completion_ids), max_len, buffer)
+        return groups
+
+    if refill not in ("ahead", "sequential"):
+        raise ValueError(f"refill must be 'ahead' or 'sequential', not {refill!r}")
+    ahead = roll(cursor, sum(sizes)) if refill == "ahead" and len(sizes) > 1 else None
+    if ahead is not None and sorted({g.index for g in ahead}) != list(range(cursor, cursor + sum(sizes))):
+        raise ValueError("refill='ahead' needs the source's groups indexed first_index + task position")
+    all_groups, kept, used = [], [], 0
+    for j, n in enumerate(sizes):
+        if j > 0 and len(kept) >= target:
+            break
+        first = cursor + used
+        groups = roll(first, n) if ahead is None else [g for g in ahead if first <= g.index < first + n]
+        used += n
+        all_groups += groups
+        kept += [g for g in groups if not dynamic_sampling or np.std(g.rewards) > 0]
+    timings["extra_prompts"] = used - prompts_per_step
+    timings["unused_prompts"] = sum(sizes) - used if ahead is not None else 0
+    return kept[:target], all_groups, cursor + used, timings
+
+
+# -----------------------------------------------------------------------------
+# Token log-probs, memory-efficiently
+
+def _split_model(model):
+    """(decoder, lm_head) of a causal LM, peft-wrapped or not: the decoder returns final hidden
+    states, so the full (B, L, V) logits are never built."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    return decoder, base.get_output_embeddings()
+
+
+def _autocast(device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class TokenLogps:
+    logps: torch.Tensor                     # (B, T) log-prob of each sampled completion token
+    mask: torch.Tensor                      # (B, T) 1 on real completion tokens
+    entropy: torch.Tensor | None = None     # (B, T) policy entropy at each position (detached)
+    topk_ids: torch.Tensor | None = None    # (B, T, K) the K most likely token ids (detached)
+    topk_logps: torch.Tensor | None = None  # (B, T, K) log-probs at topk_ids (or at gather_ids)
+
+
+def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_token_id=0,
+                    entropy=False, topk=0, gather_ids=None):
+    """Log-probs of the completion tokens under the model's active adapter.
+
+    rows: objects with .prompt_ids and .completion_ids (or (prompt_ids, completion_ids) pairs).
+    The decoder runs once; then for chunks of `chunk_tokens` completion positions the lm_head
+    logits are built, divided by the sampling temperature, and reduced to
+    logit[token] - logsumexp(logits). Each chunk runs under activation checkpointing when grads
+    are on, so at most one chunk of (chunk_tokens, V) fp32 logits exists at a time, forward or
+    backward. Gradients flow when torch.is_grad_enabled().
+    entropy: also return the per-token entropy (cheap: the chunk's softmax is already there).
+    topk: also return the K most likely ids and their log-probs (distillation's top-K support).
+    gather_ids (B, T, K): return log-probs at these ids instead (score a teacher on the student's
+    top-K). Returns TokenLogps.
+    """
+    rows = [(r.prompt_ids, r.completion_ids) if hasattr(r, "prompt_ids") else r for r in rows]
+    decoder, lm_head = _split_model(model)
+    device = lm_head.weight.device
+    B = len(rows)
+    P = torch.tensor([len(p) for p, _ in rows])
+    C = torch.tensor([len(c) for _, c in rows])
+    L, T = int((P + C).max()), max(int(C.max()), 1)
+    input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    targets = torch.zeros((B, T), dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        input_ids[i, :len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attention_mask[i, :len(p) + len(c)] = 1
+        targets[i, :len(c)] = torch.tensor(list(c), dtype=torch.long)
+    mask = torch.arange(T)[None, :] < C[:, None]                        # (B, T)
+    # the logits at position p-1+j predict completion token j (right padding keeps positions exact)
+    positions = ((P - 1).clamp(min=0)[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    mask, targets, positions = mask.to(device), targets.to(device), positions.to(device)
+
+    with _autocast(device):
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    H = hidden.shape[-1]
+    hidden = hidden.gather(1, positions[:, :, None].expand(-1, -1, H))  # (B, T, H)
+    flat_hidden, flat_targets = hidden[mask], targets[mask]            # (N, H), (N,)
+    flat_gather = gather_ids.to(device)[mask] if gather_ids is not None else None  # (N, K)
+
+    def chunk_fn(h, tgt, ids):
+        with _autocast(device):
+            logits = lm_head(h)
+        logits = logits.float() / temperature                          # (n, V)
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - lse
+        extra = []
+        with torch.no_grad():
+            if entropy:
+                probs = torch.softmax(logits, dim=-1)
+                extra.append(lse - (probs * logits).sum(-1))
+        if ids is not None:
+            extra.append(logits.gather(-1, ids) - lse[:, None])
+        elif topk:
+            top = logits.detach().topk(topk, dim=-1)
+            extra += [top.indices, top.values - lse.detach()[:, None]]
+        return (logp, *extra)
+
+    outs = []
+    use_ckpt = torch.is_grad_enabled() and flat_hidden.requires_grad
+    for s in range(0, flat_hidden.shape[0], chunk_tokens):
+        args = (flat_hidden[s:s + chunk_tokens], flat_targets[s:s + chunk_tokens],
+                None if flat_gather is None else flat_gather[s:s + chunk_tokens])
+        if use_ckpt:
+            outs.append(torch.utils.checkpoint.checkpoint(chunk_fn, *args, use_reentrant=False))
+        else:
+            outs.append(chunk_fn(*args))
+
+    def unflatten(k, shape_tail=(), dtype=torch.float32):
+        full = torch.zeros((B, T) + shape_tail, dtype=dtype, device=device)
+        if outs:
+            vals = torch.cat([o[k] for o in outs])
+            full = full.masked_scatter(mask.view(B, T, *([1] * len(shape_tail))).expand_as(full), vals.to(dtype))
+        return full
+
+    res = TokenLogps(unflatten(0), mask)
+    k = 1
+    if entropy:
+        res.entropy, k = unflatten(k), k + 1
+    if gather_ids is not None:
+        res.topk_logps = unflatten(k, (gather_ids.shape[-1],))
+    elif topk:
+        res.topk_ids = unflatten(k, (topk,), torch.long)
+        res.topk_logps = unflatten(k + 1, (topk,))
+    return res
+
+
+@contextlib.contextmanager
+def use_adapter(model, name):
+    """Run a block under another adapter of the same peft model (name=None: the bare base model),
+    then restore the active one. The trainable adapter stays trainable afterwards."""
+    if name is None:
+        with model.disable_adapter():
+            yield
+        return
+    active = model.active_adapter
+    model.set_adapter(name, inference_mode=True)     # frozen while borrowed
+    try:
+        yield
+    finally:
+        model.set_adapter(active)                    # peft makes the restored adapter trainable
+
+
+def disable_dropout(model):
+    """p = 0 in every Dropout (LoRA's included): old and new log-probs must agree before an update."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+
+def micro_batches(rows, max_tokens):
+    """Consecutive row-index lists whose padded size (rows x longest row) stays under max_tokens
+    (a single longer row goes alone)."""
+    batches, cur, cur_max = [], [], 0
+    for i, r in enumerate(rows):
+        n = len(r.prompt_ids) + len(r.completion_ids)
+        if cur and max(cur_max, n) * (len(cur) + 1) > max_tokens:
+            batches.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+# -----------------------------------------------------------------------------
+# The policy: base model + trainable adapter
+
+def build_policy(args):
+    """Base model + the trainable adapter ("default") + optionally a frozen copy of the initial
+    adapter ("ref", for the KL option). Returns (model, tok, ref_adapter_name)."""
+    if args.model == "tiny":
+        model, tok = common.tiny_model(seed=args.seed)
+    else:
+        model, tok = common.load_model(args.model, quant=args.quant)
+    if args.adapter:
+        model = common.load_adapter(model, args.adapter, trainable=True)
+    else:
+        torch.manual_seed(derive_seed(args.seed, "lora-init"))
+        model = common.add_lora(model, r=args.lora_r, alpha=args.lora_alpha)
+    ref = None          # KL reference: a fresh LoRA starts at zero delta, i.e. the base model
+    if args.kl_beta > 0 and args.adapter:
+        common.load_adapter(model, args.adapter, adapter_name="ref", trainable=False)
+        model.set_adapter("default")
+        ref = "ref"
+    disable_dropout(model)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    return model, tok, ref
+
+
+def make_optimizer(model, lr, weight_decay=0.0, betas=(0.9, 0.95)):
+    """AdamW over the trainable (adapter) parameters, in named order (the checkpoint relies on it)."""
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+# -----------------------------------------------------------------------------
+# Flags both trainers take
+
+def add_rollout_args(p):
+    """The rollout and scorer flags rl.py and distill.py share."""
+    p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
+    p.add_argument("--gen-chunk", type=int, default=1, help="prompts per (student) generate call; simulation of one "
+                   "chunk overlaps the next")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
+    p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
+                   help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
+    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    p.add_argument("--sim-timeout", type=float, default=20.0,
+                   help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
+
+
+def make_scorer(args):
+    """(SimPool, score_fn) from the rollout flags; the caller closes the pool."""
+    pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
+    return pool, sim_score_fn(pool, args.target_mode)
+
+
+
+def add_runtime_args(p, save_every):
+    """The runtime flags rl.py and distill.py share: checkpointing, seed, plots, resume."""
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    g = p.add_argument_group("runtime")
+    g.add_argument("--seed", type=int, default=42, help="paper: 42")
+    g.add_argument("--save-every", type=int, default=save_every, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
+    g.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
+    g.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")

@@ -1,0 +1,247 @@
+"""The run folder every stage writes (sft.py, rl.py, distill.py, evaluate.py, merge.py, data/build_sft.py):
+
+    OUT/ckpt/step_000010/   adapter/ (peft, bf16), optimizer.pt (exact trainable weights, optimizer and
+                            scheduler state), meta.json (step, RNG states, the stage's own data cursor/config)
+    OUT/log.jsonl           one JSON object per optimizer step
+    OUT/curves.png          the log's columns against step
+    OUT/result.json         {"config", "setup", "outcome"}: what was asked, what it ran on, what came out
+    OUT/done.json           {"script", "finished_at", "files"}, written last: its presence means complete
+
+Checkpoints are written to a temporary folder renamed last, so a folder named step_* is always complete.
+"""
+import base64
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import common
+
+# -----------------------------------------------------------------------------
+# RNG state as JSON (python, numpy, torch, cuda)
+
+
+def _b64(t):
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s):
+    return torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy())
+
+
+def rng_state():
+    np_state = np.random.get_state()
+    return {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state):
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npst = state["numpy"]
+    np.random.set_state((npst[0], np.array(npst[1], dtype=np.uint32), npst[2], npst[3], npst[4]))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: OUT/ckpt/step_000010/{adapter/, optimizer.pt, meta.json}
+
+def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, scheduler=None):
+    """Write ckpt_dir/step_{step:06d} atomically. The adapter folder is the standard peft one (bf16, via
+    common.save_adapter); optimizer.pt also holds the exact trainable weights, so that a resumed run
+    continues bit-for-bit rather than from bf16-rounded weights. keep_last > 0 keeps that many."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / f"step_{step:06d}"
+    tmp = ckpt_dir / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    common.save_adapter(model, str(tmp / "adapter"))
+    trainable = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    state = {"optimizer": optimizer.state_dict(), "trainable": trainable}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    torch.save(state, tmp / "optimizer.pt")
+    meta = dict(meta, step=step, rng=rng_state(), saved_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    if keep_last > 0:
+        for old in sorted(ckpt_dir.glob("step_*"))[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(ckpt_dir):
+    """The newest complete checkpoint folder, or None. (Temp folders start with '.')."""
+    found = sorted(p for p in Path(ckpt_dir).glob("step_*") if (p / "meta.json").exists())
+    return found[-1] if found else None
+
+
+def read_meta(path):
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def load_checkpoint(path, model, optimizer, scheduler=None):
+    """Restore trainable weights, optimizer (and scheduler) state and RNG states; returns the meta dict.
+    A checkpoint of other trainable parameters (another adapter or LoRA rank) is refused."""
+    path = Path(path)
+    state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+    named = dict(model.named_parameters())
+    mismatch = set(state["trainable"]) ^ {n for n, p in named.items() if p.requires_grad}
+    if mismatch:
+        raise ValueError(f"{path}: checkpoint does not match the adapter (e.g. {sorted(mismatch)[:3]}); "
+                         "resume with the same adapter / LoRA settings")
+    with torch.no_grad():
+        for n, t in state["trainable"].items():
+            named[n].copy_(t.to(named[n].device, named[n].dtype))
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    meta = read_meta(path)
+    set_rng_state(meta["rng"])
+    return meta
+
+
+# -----------------------------------------------------------------------------
+# log.jsonl and curves.png
+
+def append_log(path, row):
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_log(path):
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def plot_log(rows, path, keys):
+    """One small panel per key (a tuple of keys shares a panel) against step, saved as a PNG."""
+    import matplotlib          # optional heavy dependency: only when a plot is drawn
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [k if isinstance(k, tuple) else (k,) for k in keys]
+    panels = [p for p in panels if any(k in r for r in rows for k in p)]
+    if not panels:
+        return
+    cols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.6 * nrows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        for k in panel:
+            xs = [r["step"] for r in rows if r.get(k) is not None]
+            ys = [r[k] for r in rows if r.get(k) is not None]
+            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, label=k)
+        ax.set_title(" / ".join(panel), fontsize=9)
+        if len(panel) > 1:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# result.json and done.json
+
+def write_result(out, config, setup, outcome):
+    """OUT/result.json: {"config", "setup", "outcome"}; returns the dict."""
+    result = {"config": config, "setup": setup, "outcome": outcome}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def write_done(out, script, files=None, **extra):
+    """OUT/done.json, written last: {"script", "finished_at", "files": {what: path in OUT}, ...}."""
+    done = {"script": script, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "files": files or {}, **extra}
+    (Path(out) / "done.json").write_text(json.dumps(done, indent=1))
+    return done
+
+
+def read_done(out):
+    path = Path(out) / "done.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# -----------------------------------------------------------------------------
+# A training run's start and end (rl.py, distill.py)
+
+def start_run(args):
+    """OUT folder, its ckpt/ and log.jsonl paths, and the contents of done.json when the run is already
+    complete (None otherwise). Refuses to mix a new run into a folder with checkpoints unless --resume."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
+    done = read_done(out)
+    if done is not None:
+        print(f"{out}/done.json exists: nothing to do")
+        return out, ckpt_dir, log_path, done
+    if latest_checkpoint(ckpt_dir) and not args.resume:
+        raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
+    return out, ckpt_dir, log_path, None
+
+
+def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
+    """(step, cursor, log, resumed_step) after --resume from the newest checkpoint (or a fresh start);
+    log.jsonl is rewritten to the checkpoint's steps, dropping any logged after it."""
+    step, log, resumed_step = 0, [], None
+    ckpt = latest_checkpoint(ckpt_dir) if args.resume else None
+    if ckpt:
+        meta = load_checkpoint(ckpt, model, optimizer)
+        step, cursor, log = meta["step"], meta["cursor"], meta["log"]
+        resumed_step = step
+        print(f"resumed from {ckpt} (step {step}, data cursor {cursor})")
+    Path(log_path).write_text("".join(json.dumps(r) + "\n" for r in log))
+    return step, cursor, log, resumed_step
+
+
+def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys):
+    """Top of a training step: every --save-every steps and at the end, checkpoint the state after `step`
+    updates (not again right after resuming from it); every --plot-every steps and at the end, redraw."""
+    last = step == args.steps
+    if step > 0 and (last or step % args.save_every == 0) and step != resumed_step:
+        save_checkpoint(ckpt_dir, step, model, optimizer, meta, args.keep_last)
+    if meta["log"] and args.plot_every > 0 and (last or step % args.plot_every == 0):
+        plot_log(meta["log"], png, keys=keys)
+
+
+def finish_run(out, script, model, result):
+    """The final adapter (bf16 peft folder), result.json (config / setup / outcome), then done.json."""
+    common.save_adapter(model, str(Path(out) / "adapter"))
+    result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
+    write_result(out, result["config"], result["setup"], result["outcome"])
+    return write_done(out, script, {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
+
+
+# -----------------------------------------------------------------------------
+# The command-line boundary
+
+BAD_INPUT = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def cli(prog, main, argv=None):
+    """Run a script's main(argv) and return its exit code; bad input (a malformed or missing file: the
+    project's readers raise ValueError naming the file and line) ends in one line on stderr and exit 1."""
+    try:
+        code = main(argv)
+    except BAD_INPUT as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return code if isinstance(code, int) else 0
