@@ -18,8 +18,10 @@ and logs its output to OUT/S/stdout.log, so any stage can be re-run by hand.
 Stages:
    data        synthetic train tasks (data/designs.py, train families, decontaminated against the eval
                tasks), validation tasks (the held-out families), eval tasks (a fixed subset of the dev set:
-               its 'report' split ordered by an id hash; without ../shared the validation tasks), and the
-               stage-0/1 SFT data (data/build_sft.py, template teacher)
+               its 'report' split ordered by an id hash; without ../shared the validation tasks), held-out
+               synthetic test tasks, a seeded sample of real designs (data/design_pool.py on the shared
+               corpus, decontaminated against the eval and test tasks) mixed into train and val
+               (mix-tasks; real_tasks / real_val_tasks), and the stage-0/1 SFT data (data/build_sft.py)
    sft0        SFT stage 0 (sft.py) on direct teacher data
    sft1        SFT stage 1 from sft0, on stage-0 + refinement data
    data2       stage-2 SFT data: states from the sft1 model's own rollouts (build_sft.py --stage2-model)
@@ -43,6 +45,7 @@ Other subcommands: eval, compare, generate (the same as evaluate.py's); select-t
 """
 import argparse
 import ast
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -90,6 +93,11 @@ PROFILES = {
         "val_tasks": 2,            # synthetic designs from the held-out families (choose the OPD student)
         "val_families": "barrel_shifter,crc",  # the shortest held-out ones; '' = all held-out families
         "eval_tasks": "../shared/data/dev_tasks.jsonl",  # relative to the repo; missing -> the val tasks
+        "real_corpus": "../shared/data/corpus",  # folder of real-design *.jsonl.gz (data/design_pool.py); missing or
+                                   # '' -> synthetic designs only (a fresh clone has no ../shared)
+        "real_tasks": 2,           # real pool designs mixed into the training tasks (SFT rows, RL / OPD prompts); 0 = none
+        "real_val_tasks": 1,       # real pool designs added to the validation tasks (pick the OPD student), apart from training
+        "real_max_tokens": 1200,   # RTL token bound of a pool design (design_pool --max-tokens; SmolLM2's 8k context)
         "eval_limit": 2,           # size of the fixed reporting subset
         "eval_max_chars": 1200,    # only designs with at most this many RTL+spec characters (time / context budget)
         "teacher_level": "strong", # template teacher strength (data/teacher.py)
@@ -150,6 +158,9 @@ PROFILES["small"] = {
     "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call
     "max_tokens_per_micro": 16384,  # rl.py / distill.py default
     "train_tasks": 400,        # -> about 370 after decontamination; SFT rows and the RL prompt pool
+    "real_tasks": 1000,        # + 1000 real designs of the shared corpus (results/corpus.md: 1555 pass every filter)
+    "real_val_tasks": 20,      # + 20 real designs in the validation tasks
+    "real_max_tokens": 4000,   # design_pool default: prompt + answer fit SmolLM2's 8192 positions
     "train_families": "",      # all 25 train families
     "val_tasks": 40,           # held-out families
     "val_families": "",        # all 5 held-out families
@@ -413,7 +424,8 @@ def count_lines(path):
 
 OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write no result.json themselves
     "data": lambda f: {"train_tasks": count_lines(f / "train_tasks.jsonl"), "val_tasks": count_lines(f / "val_tasks.jsonl"),
-                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), **outcome_of(f)},   # + build_sft.py's
+                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), "mix": read_json(f / "mix.json"),
+                       **outcome_of(f)},   # + build_sft.py's
     "merge": lambda f: {m: outcome_of(f / m) for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
@@ -448,24 +460,48 @@ def eval_source(c):
     return path if path.is_file() else None
 
 
+def real_corpus(c):
+    """The real-design corpus files (*.jsonl.gz of the profile's folder), [] when absent or switched off."""
+    folder = ROOT / c["real_corpus"] if c["real_corpus"] and c["real_tasks"] > 0 else None
+    return sorted(folder.glob("*.jsonl.gz")) if folder and folder.is_dir() else []
+
+
 def data_cmds(c, o, model_path):
+    """Synthetic train/val designs, the eval subset, the held-out synthetic test designs, the real-design pool
+    mixed into train/val (when the corpus is there), then the staged SFT rows of the training tasks."""
     d = o / "data"
     cmds = []
     if c["model"] == "tiny":
         cmds.append(Cmd(["python", "chorus_mini.py", "tiny-model", "--out", rel(model_path), "--seed", 0],
                         done=Path(model_path) / "config.json", fn=lambda: make_tiny_model(model_path, 0)))
+    corpus = real_corpus(c)
+    syn = "syn_" if corpus else ""          # with real designs the synthetic files are mixed into train/val
     cmds.append(Cmd(["python", "data/designs.py", "--split", "val", "--n", c["val_tasks"], "--seed", c["seed"],
-                     *opts(families=c["val_families"] or None), "--out", rel(d / "val_tasks.jsonl")],
-                    done=d / "val_tasks.jsonl"))
+                     *opts(families=c["val_families"] or None), "--out", rel(d / f"{syn}val_tasks.jsonl")],
+                    done=d / f"{syn}val_tasks.jsonl"))
     source = eval_source(c)
     if source:
         argv = ["python", "chorus_mini.py", "select-tasks", "--tasks", rel(source), "--limit", c["eval_limit"],
                 "--max-chars", c["eval_max_chars"], "--out", rel(d / "eval_tasks.jsonl")]
         cmds.append(Cmd(argv, done=d / "eval_tasks.jsonl",
                         fn=lambda: select_tasks(source, c["eval_limit"], c["eval_max_chars"], d / "eval_tasks.jsonl")))
+    if c["test_tasks"] > 0:                 # held-out synthetic test designs: val families, a seed of their own
+        cmds.append(Cmd(["python", "data/designs.py", "--split", "val", "--n", c["test_tasks"], "--seed",
+                         c["seed"] + 1000, *opts(families=c["val_families"] or None), "--out", rel(d / "test_tasks.jsonl")],
+                        done=d / "test_tasks.jsonl"))
     cmds.append(Cmd(["python", "data/designs.py", "--split", "train", "--n", c["train_tasks"], "--seed", c["seed"],
-                     *opts(families=c["train_families"] or None), "--decontaminate", rel(source or d / "val_tasks.jsonl"), "--out", rel(d / "train_tasks.jsonl")],
-                    done=d / "train_tasks.jsonl"))
+                     *opts(families=c["train_families"] or None), "--decontaminate", rel(source or d / f"{syn}val_tasks.jsonl"),
+                     "--out", rel(d / f"{syn}train_tasks.jsonl")], done=d / f"{syn}train_tasks.jsonl"))
+    if corpus:
+        evals = [rel(p) for p in (source, d / "test_tasks.jsonl" if c["test_tasks"] > 0 else None) if p]
+        cmds.append(Cmd(["python", "data/design_pool.py", "--corpus", *[rel(p) for p in corpus],
+                         "--eval-tasks", *(evals or [rel(d / "syn_val_tasks.jsonl")]),
+                         "--sample", c["real_tasks"] + c["real_val_tasks"], "--seed", c["seed"],
+                         "--max-tokens", c["real_max_tokens"], "--workers", c["sim_workers"],
+                         *(["--tokenizer", "chars"] if c["model"] == "tiny" else []), "--out", rel(d / "pool")],
+                        done=d / "pool" / "pool_stats.json"))
+        argv = ["python", "chorus_mini.py", "mix-tasks", "--data", rel(d), "--real-val", c["real_val_tasks"]]
+        cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
     cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
                      *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                            workers=c["sim_workers"])], done=d / "done.json"))
@@ -603,12 +639,10 @@ def cmd_run(args):
     needs = sorted({MODEL_STAGE[m] for m in wanted})
     run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o)[m], eval_tasks, o / "eval" / m, c["eval_n"],
                                      c["eval_rounds"]) for m in wanted], needs=needs, partial=subset)
-    syn = []                    # held-out synthetic test designs: val families, a seed of their own
+    syn = []                    # the held-out synthetic test designs of the data stage
     if c["test_tasks"] > 0:
-        syn_tasks = o / "eval_syn" / "tasks.jsonl"
-        syn = [Cmd(["python", "data/designs.py", "--split", "val", "--n", c["test_tasks"], "--seed", c["seed"] + 1000,
-                    *opts(families=c["val_families"] or None), "--out", rel(syn_tasks)], done=syn_tasks)]
-        syn += [eval_cmd(c, o, model, model_adapters(o)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
+        syn_tasks = o / "data" / "test_tasks.jsonl"
+        syn = [eval_cmd(c, o, model, model_adapters(o)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
                          c["test_rounds"]) for m in wanted]
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
     if subset:
@@ -629,6 +663,26 @@ def cmd_run(args):
 
 # -----------------------------------------------------------------------------
 # Small steps of `run` (also subcommands)
+
+def mix_tasks(d, real_val):
+    """DATA/train_tasks.jsonl = the synthetic train designs + the pool's designs after the first `real_val`;
+    DATA/val_tasks.jsonl = the synthetic val designs + the pool's first `real_val` (the pool is a seeded sample,
+    so its order is random); DATA/mix.json counts them. Real tasks keep their licence and provenance."""
+    d = Path(d)
+    pool = sim.load_tasks(d / "pool" / "pool.jsonl")
+    train = sim.load_tasks(d / "syn_train_tasks.jsonl") + pool[real_val:]
+    val = sim.load_tasks(d / "syn_val_tasks.jsonl") + pool[:real_val]
+    for name, rows in (("train_tasks.jsonl", train), ("val_tasks.jsonl", val)):
+        with open(d / name, "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in rows)
+    counts = {"train_real": len(pool[real_val:]), "train_synthetic": len(train) - len(pool[real_val:]),
+              "val_real": len(pool[:real_val]), "val_synthetic": len(val) - len(pool[:real_val]),
+              "licenses": dict(collections.Counter(t.get("license") or "?" for t in pool))}
+    (d / "mix.json").write_text(json.dumps(counts, indent=1))
+    print(f"mix-tasks: train {counts['train_synthetic']} synthetic + {counts['train_real']} real, "
+          f"val {counts['val_synthetic']} synthetic + {counts['val_real']} real")
+    return counts
+
 
 def select_tasks(path, limit, max_chars, out):
     """The fixed reporting subset: tasks of evaluate's 'report' split with at most max_chars of RTL+spec,
@@ -826,6 +880,9 @@ def main(argv=None):
     p.add_argument("--limit", type=int, required=True)
     p.add_argument("--max-chars", type=int, required=True, help="RTL+spec characters at most")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("mix-tasks", help="mix the real-design pool into the synthetic train/val tasks (data stage)")
+    p.add_argument("--data", required=True, help="the run's data folder (pool/pool.jsonl, syn_*_tasks.jsonl)")
+    p.add_argument("--real-val", type=int, default=0, help="pool designs that go to the validation tasks")
     p = sub.add_parser("tiny-model", help="save the tiny random test model as an HF folder")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -837,6 +894,8 @@ def main(argv=None):
         return report(args.out) or 0
     if args.command == "select-tasks":
         return select_tasks(args.tasks, args.limit, args.max_chars, args.out) or 0
+    if args.command == "mix-tasks":
+        return mix_tasks(args.data, args.real_val) and 0
     if args.command == "tiny-model":
         return make_tiny_model(args.out, args.seed) or 0
     return args.func(args)

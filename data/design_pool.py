@@ -63,6 +63,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import sys
 import time
@@ -79,9 +80,10 @@ RTL_EXT = (".v", ".sv", ".vh", ".svh")
 CHARS_PER_TOKEN = 2.5        # characters per SmolLM2 token of Verilog (measured on the shared corpus: 2.50)
 DEFAULTS = {"min_tokens": 300, "max_tokens": 4000, "max_prompt_tokens": 6000, "submodules": True,
             "max_submodules": 10, "threshold": 0.5, "workers": 2, "chunk": 32, "tokenizer": "smollm2",
-            "keep_unreached": False, "sim_timeout_s": 20.0}
+            "keep_unreached": False, "sim_timeout_s": 20.0, "sample": None, "seed": 0}
 HF_PRESETS = {"codev-r1": {"name": "zhuyaoyu/CodeV-R1-dataset", "subset": "sft", "split": "train",
                            "spec_col": "question[1].content", "rtl_col": "ground_truth[0].content"}}
+SAMPLE_SLACK = 2    # --sample N takes 2N + 8 shuffled candidates through the filters, then keeps the first N
 FUNNEL = ("read", "parsed", "size_ok", "unique", "decontaminated", "compiles", "teacher_drives",
           "prompt_fits", "teacher_reaches")
 
@@ -519,6 +521,11 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
             s["funnel"]["unique"] += 1
             tasks.append(make_task(cand, top, rtl_files, n))
     say(f"design_pool: {len(tasks)} unique designs in size bounds ({time.time() - t0:.0f}s)")
+    if k["sample"]:     # a seeded sample: enough candidates that the later filters still leave `sample`
+        random.Random(k["seed"]).shuffle(tasks)
+        for t in tasks[SAMPLE_SLACK * k["sample"] + 8:]:
+            reject(t, "not_sampled")
+        tasks = tasks[:SAMPLE_SLACK * k["sample"] + 8]
 
     def src_of(t):
         return t["source"]["pool_source"]
@@ -604,8 +611,13 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
     with open(pool_path, "w") as f, tqdm(total=len(tasks), desc="calibrate (teacher sims)", unit="design",
                                          file=sys.stderr) as bar:
         for i in range(0, len(tasks), k["chunk"]):
+            if k["sample"] and n_pool >= k["sample"]:
+                break
             chunk = teacher.calibrate(tasks[i:i + k["chunk"]], workers=k["workers"], cfg=cfg)
             for t in chunk:
+                if k["sample"] and n_pool >= k["sample"]:
+                    reject(t, "not_sampled")      # the sample is full: calibrated, not kept
+                    continue
                 cal = t["icarus_calibration"]
                 target = next(x["target_percentage"] for x in t["targets"] if x["metric"] == teacher.ICARUS_METRIC)
                 if not cal["reached_pct"]:
@@ -736,6 +748,9 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=None, help="only the first N candidates of each source")
     for name in ("min_tokens", "max_tokens", "max_prompt_tokens", "max_submodules", "workers", "chunk"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=DEFAULTS[name])
+    ap.add_argument("--sample", type=int, default=None, help="a seeded random sample of N pool designs (cheap: "
+                    "only 2N + 8 shuffled candidates go through the compile, teacher and calibration steps)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
     ap.add_argument("--threshold", type=float, default=DEFAULTS["threshold"])
     ap.add_argument("--sim-timeout", type=float, default=DEFAULTS["sim_timeout_s"])
     ap.add_argument("--tokenizer", default=DEFAULTS["tokenizer"], choices=["smollm2", "chars"])
@@ -774,7 +789,7 @@ def main(argv=None):
                            max_submodules=args.max_submodules, submodules=not args.no_submodules,
                            workers=args.workers, chunk=args.chunk, threshold=args.threshold,
                            sim_timeout_s=args.sim_timeout, tokenizer=args.tokenizer,
-                           keep_unreached=args.keep_unreached)
+                           keep_unreached=args.keep_unreached, sample=args.sample, seed=args.seed)
     except PoolError as e:
         sys.exit(f"error: {e}")
     for src, s in stats["sources"].items():

@@ -152,7 +152,22 @@ def in_process(cmd, log_path):
 
 executed = []
 TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=no/such.jsonl",
-        "--set", "sim_workers=2", "--set", "max_new_tokens=24", "--set", "test_tasks=2"]
+        "--set", "sim_workers=2", "--set", "max_new_tokens=24", "--set", "test_tasks=2", "--set", "real_tasks=0"]
+
+
+def fixture_corpus(folder):
+    """A real-design corpus in the shared corpus's record schema: three of tests/designs, each padded with a
+    header comment past design_pool's 300-token lower bound."""
+    import gzip
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / "fixture.jsonl.gz", "wt") as f:
+        for name, top in (("counter.sv", "counter"), ("alu.sv", "alu"), ("fsm.sv", "fsm")):
+            rtl = "// " + f"fixture design {name}, padded to a realistic size. " * 20 + "\n" \
+                + (ROOT / "tests/designs" / name).read_text()
+            f.write(json.dumps({"id": f"fixture/{top}", "source": "library", "license": "MIT", "spec": f"The {top}.",
+                                "rtl_files": {f"rtl/{name}": rtl}, "top_module": top,
+                                "provenance": {"repo": "tests", "commit": "0" * 40, "path": name}}) + "\n")
+    return folder
 
 
 @pytest.mark.slow
@@ -160,9 +175,15 @@ TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "
 def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cm, "execute", in_process)
     out = tmp_path / "run"
-    assert cm.main(["run", "--out", str(out), *TINY]) == 0
+    tiny = [*TINY, "--set", "real_tasks=2", "--set", "real_val_tasks=1",
+            "--set", f"real_corpus={fixture_corpus(tmp_path / 'corpus')}"]
+    assert cm.main(["run", "--out", str(out), *tiny]) == 0
     text = capsys.readouterr().out
     assert "eval tasks are the synthetic validation tasks" in text        # no such eval file -> val tasks
+    mix = json.loads((out / "data" / "mix.json").read_text())             # 2 real designs train, 1 validates
+    assert (mix["train_real"], mix["val_real"], mix["licenses"]) == (2, 1, {"MIT": 3})
+    train = [json.loads(x) for x in (out / "data" / "train_tasks.jsonl").read_text().splitlines()]
+    assert sum(t["id"].startswith("fixture/") for t in train) == 2 and len(train) == mix["train_synthetic"] + 2
     for stage in cm.STAGES:
         assert (out / stage / "done.json").is_file(), stage
         record = json.loads((out / stage / "done.json").read_text())
@@ -184,13 +205,13 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
 
     # a second run finds every done.json and runs nothing
     executed.clear()
-    assert cm.main(["run", "--out", str(out), *TINY]) == 0
+    assert cm.main(["run", "--out", str(out), *tiny]) == 0
     assert executed == []
     assert capsys.readouterr().out.count(": done, skipped") == len(cm.STAGES)
 
     # --from compare redoes compare and report only
     before = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
-    assert cm.main(["run", "--out", str(out), "--from", "compare", *TINY]) == 0
+    assert cm.main(["run", "--out", str(out), "--from", "compare", *tiny]) == 0
     after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
     assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
     assert [c.split()[2] for c in executed] == ["compare"] * 4 + ["report"]
