@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import common  # noqa: E402
 import dist  # noqa: E402
 import distill  # noqa: E402
+import evaluate  # noqa: E402
 import rl  # noqa: E402
 import rundir  # noqa: E402
 import sft  # noqa: E402
@@ -120,6 +121,21 @@ def make_experts(root):
     return paths
 
 
+EVAL_TASKS = [{"id": f"e{k}", "spec_files": [], "rtl_files": [{"name": f"m{k}.sv", "content": f"module m{k}; endmodule\n"}],
+               "dut_module_name": f"m{k}", "dut_instance_name": "dut", "instruction": f"Write a testbench for m{k}.",
+               "targets": [], "difficulty": "easy", "is_agentic": False} for k in range(5)]
+
+
+def eval_policy(messages_list):
+    """A deterministic policy: an unparseable answer naming the task (no simulation needed)."""
+    return [f"no code for {m[-1]['content'][-40:]!r}" for m in messages_list]
+
+
+def run_eval():
+    samples, metrics = evaluate.run_eval(eval_policy, EVAL_TASKS, n=2, rounds=1, sim_workers=1, n_boot=0, verbose=False)
+    return [(s["task_id"], s["sample"], [r["text"] for r in s["rounds"]]) for s in samples], metrics
+
+
 def worker(out):
     """What each of the 2 processes runs: one SFT step, two RL steps, one OPD step."""
     out = Path(out)
@@ -129,6 +145,10 @@ def worker(out):
     rl.run(rl_args(out / "rl"), source=rollout_source, tasks=TASKS)
     paths = json.loads((out / "experts.json").read_text())
     distill.run(opd_args(paths, out / "opd"), source=rollout_source, teacher_source=teacher_source, tasks=TASKS)
+    samples, metrics = run_eval()
+    if dist.is_main():
+        (out / "eval.json").write_text(json.dumps({"samples": samples, "num_tasks": metrics["num_tasks"],
+                                                   "timing": metrics["timing"]}))
     print(f"rank {dist.rank()} of {dist.world()} done", file=sys.stderr)
 
 
@@ -157,6 +177,19 @@ def test_shard_blocks_are_contiguous_balanced_and_cover_the_list(monkeypatch, n,
         blocks.append(dist.shard(items))
     assert [x for b in blocks for x in b] == items                  # gather(shard(x)) is x, in order
     assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+
+
+def test_chorus_mini_gpus_launches_the_training_and_eval_stages_with_accelerate():
+    import chorus_mini
+    o = Path("/tmp/run")
+    for gpus, head in ((1, ["python"]), (4, ["accelerate", "launch", "--multi_gpu", "--num_processes", "4"])):
+        c = chorus_mini.apply_overrides(chorus_mini.PROFILES["smoke"], [f"gpus={gpus}"])
+        cmds = [chorus_mini.sft_cmd(c, o, "M", "d.jsonl"), chorus_mini.rl_cmd(c, o, "M", 0),
+                chorus_mini.opd_cmd(c, o, "M", "opd"), chorus_mini.eval_cmd(c, o, "M", None, o / "t", o / "e", 1, 0)]
+        for cmd, script in zip(cmds, ["sft.py", "rl.py", "distill.py", "evaluate.py"]):
+            assert cmd.argv[:len(head)] == head and script in cmd.argv
+            assert str(cmd).startswith(" ".join(head))                     # printed as it runs
+    assert chorus_mini.merge_cmd(c, o, "soup").argv[0] == "python"         # one process: not a training stage
 
 
 # -----------------------------------------------------------------------------
@@ -263,6 +296,13 @@ def test_opd_step_on_two_processes_equals_one(two_procs, tmp_path, monkeypatch):
     student = {k: v for k, v in common.load_adapter(common.tiny_model(seed=SEED)[0], paths["student"],
                                                     trainable=True).named_parameters() if v.requires_grad}
     assert_same_weights(one / "ckpt/step_000001", two / "ckpt/step_000001", moved_from=student)
+
+
+def test_eval_on_two_processes_gathers_every_task_in_order(two_procs):
+    got = json.loads((two_procs / "eval.json").read_text())
+    samples, metrics = run_eval()
+    assert [list(x) for x in samples] == got["samples"] and got["num_tasks"] == 5
+    assert [t["samples"] for t in got["timing"]] == [t["samples"] for t in metrics["timing"]] == [10, 10]
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:
