@@ -348,13 +348,13 @@ def add_eval_args(p):
 
 
 def cmd_eval(args):
+    dist.init()                 # several processes: before the model lands on this rank's GPU
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
     rounds = 0 if args.mode == "direct" else args.rounds
     config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     config["rounds"] = rounds
     print(f"eval: {len(tasks)} tasks x {args.n} samples, {rounds} refinement rounds, "
           f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}")
-    dist.init()                 # several processes: before the model lands on this rank's GPU
     policy = _load_policy(args)
     samples, metrics = run_eval(policy, tasks, n=args.n, rounds=rounds, sim_workers=args.sim_workers,
                                 seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode)

@@ -341,6 +341,7 @@ def main(argv=None):
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/ckpt")
     args = p.parse_args(argv)
 
+    dist.init()               # several processes: before the model lands on this rank's GPU
     rows = [r for path in args.data for r in load_rows(path)]
     if args.limit:
         rows = rows[:args.limit]
