@@ -14,6 +14,7 @@ and logs its output to OUT/S/stdout.log, so any stage can be re-run by hand.
   --only S..  runs just these stages (their inputs must exist); with --from S it deletes only the folders
               of the --only stages, so `--from rl0 --only rl0` redoes rl0 alone
   --set k=v   overrides one value of the profile (PROFILES below; the key and type are checked)
+  --set gpus=N  runs the sft, rl, opd, val and eval stages as `accelerate launch --multi_gpu --num_processes N`
 
 Stages:
    data        synthetic train tasks (data/designs.py, train families, decontaminated against the eval
@@ -81,6 +82,8 @@ PROFILES = {
         "lora_r": 16,              # LoRA rank of the SFT adapters; RL, OPD and the merges inherit it
         "grad_ckpt": True,         # gradient checkpointing in sft/rl/distill: SFT peaks at ~14 GB RSS without it here
         "seed": 42,                # paper: 42; passed to every stage
+        "gpus": 1,                 # processes (one GPU each) for the sft/rl/opd/val/eval stages: > 1 runs them with
+                                   # `accelerate launch --multi_gpu --num_processes N` (dist.py); sim_workers is per process
         "sim_workers": 2,          # parallel simulator processes
         "target_mode": "icarus",   # pass targets: the kit's Icarus-calibrated ones when a task has them, else CVDP's
         "gen_batch_size": 64,      # sequences per generate call
@@ -283,7 +286,7 @@ def apply_overrides(config, items):
 # Running commands: print, tee to the stage log, measure
 
 class Cmd:
-    """One command of a stage: argv as printed (first word 'python'), the file whose existence means it
+    """One command of a stage: argv as printed (first words 'python' or 'accelerate launch'), the file whose existence means it
     already ran (so a stage with several commands resumes by command), and optionally the in-process
     function that does the same work (light steps that load no model)."""
     def __init__(self, argv, done=None, fn=None):
@@ -326,7 +329,8 @@ def execute(cmd, log_path):
         poller = threading.Thread(target=poll, daemon=True)
         if base is not None:
             poller.start()
-        proc = subprocess.Popen([sys.executable] + cmd.argv[1:], cwd=ROOT, env=env,
+        head = [sys.executable, "-m", "accelerate.commands.launch"] if cmd.argv[0] == "accelerate" else [sys.executable]
+        proc = subprocess.Popen(head + cmd.argv[1 + (cmd.argv[0] == "accelerate"):], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         while chunk := os.read(proc.stdout.fileno(), 65536):
             sys.stdout.buffer.write(chunk)
@@ -518,8 +522,16 @@ def data2_cmd(c, o, model):
                       stage2_max_new_tokens=c["max_new_tokens"])])
 
 
+def launch(c, script):
+    """How a training or eval script starts: `python script`, or on c["gpus"] > 1 GPUs one process per GPU."""
+    if c["gpus"] <= 1:
+        return ["python", script]
+    return ["accelerate", "launch", "--multi_gpu", "--num_processes", c["gpus"], "--num_machines", 1,
+            "--mixed_precision", "no", "--dynamo_backend", "no", script]
+
+
 def sft_cmd(c, o, model, data, init=None, name="sft0"):
-    return Cmd(["python", "sft.py", "--data", rel(o / data), "--out", rel(o / name),
+    return Cmd([*launch(c, "sft.py"), "--data", rel(o / data), "--out", rel(o / name),
                 *opts(model=model, quant=c["quant"], init_adapter=init and rel(o / init / "adapter"),
                       lora_r=c["lora_r"], epochs=c["sft_epochs"], lr=c["sft_lr"], batch_size=c["sft_batch_size"],
                       grad_accum=c["sft_grad_accum"], max_len=c["sft_max_len"], limit=c["sft_limit"],
@@ -537,7 +549,7 @@ def common_train_opts(c):
 
 
 def rl_cmd(c, o, model, k):
-    return Cmd(["python", "rl.py", "--adapter", rel(o / f"sft{k}/adapter"), "--tasks", rel(o / "data/train_tasks.jsonl"),
+    return Cmd([*launch(c, "rl.py"), "--adapter", rel(o / f"sft{k}/adapter"), "--tasks", rel(o / "data/train_tasks.jsonl"),
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
@@ -554,7 +566,7 @@ def merge_cmd(c, o, name):
 
 
 def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
-    return Cmd(["python", "evaluate.py", "eval", "--tasks", rel(tasks), "--out", rel(out),
+    return Cmd([*launch(c, "evaluate.py"), "eval", "--tasks", rel(tasks), "--out", rel(out),
                 *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
                       max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
                       sim_workers=c["sim_workers"], target_mode=c["target_mode"])],
@@ -572,7 +584,7 @@ def rl_prompts_used(c):
 def opd_cmd(c, o, model, variant):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     metrics = [rel(o / f"val/rl{k}/metrics.json") for k in range(3)]
-    return Cmd(["python", "distill.py", "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
+    return Cmd([*launch(c, "distill.py"), "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
                 "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / variant),
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],

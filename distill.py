@@ -38,6 +38,7 @@ import torch
 from tqdm import tqdm
 
 import common
+import dist
 import onpolicy
 import rundir
 import sim
@@ -142,7 +143,8 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
             with onpolicy.use_adapter(model, name):
                 completions = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
                                               temperature=temperature, top_p=1.0, batch_size=gen_batch_size,
-                                              seed=onpolicy.derive_seed(seed, "teacher", step, i))
+                                              seed=onpolicy.derive_seed(seed, "teacher", step, i,
+                                                                        *([dist.rank()] if dist.world() > 1 else [])))
             timings["t_gen"] += time.perf_counter() - t0
             # score_fn submits at once: teacher i simulates while teacher i+1 generates
             waits.append([score_fn(t, c) for t, c in zip(tasks_list, completions)])
@@ -313,7 +315,11 @@ def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
 def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     """Train. source (onpolicy.make_model_source's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
     timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
-    (tests pass scripted ones); score_fn replaces only the scorer of both."""
+    (tests pass scripted ones); score_fn replaces only the scorer of both.
+    Several processes (dist.py): each rank rolls out its block of the prompts, its block of the groups'
+    teacher rollouts and its block of the distillation advantages; every rank gets all of them back and
+    train_on_batch sums the gradients, so the update is the one of one process on the same batch."""
+    dist.init()           # several processes: join the group before the model lands on this rank's GPU
     out, ckpt_dir, log_path, done = rundir.start_run(args)
     if done is not None:
         return done
@@ -337,6 +343,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
 
     step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer,
                                                           cursor=args.cursor_start)
+    dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
 
     pool = None
     if source is None or teacher_source is None:
@@ -349,7 +356,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
     release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True)
+    bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
     try:
         while True:
             last_step = step == args.steps
@@ -363,7 +370,12 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed)
             group_tasks = [tasks[onpolicy.task_order(g.index, len(tasks), args.seed)] for g in groups]
-            teacher_rewards, t_timings = teacher_source(model, tok, groups, group_tasks, names, step=step)
+            lo, hi = dist.shard_range(len(groups))          # this rank's block of the groups
+            mine = (teacher_source(model, tok, groups[lo:hi], group_tasks[lo:hi], names, step=step)
+                    if hi > lo or dist.world() == 1 else ([], {}))
+            parts = dist.gather(mine)
+            teacher_rewards = [r for rs, _ in parts for r in rs]
+            t_timings = {k: max(t.get(k, 0.0) for _, t in parts) for k in ("t_gen", "t_sim")}
             if release_fast:         # the training phase gets the decoder's packed weights and KV cache back
                 common.free_fast_cache(model)
             decisions = [gate(g.rewards, tr, args.eps, args.gate_stat, always=args.no_gate)
@@ -382,9 +394,11 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 opd_rows = [s for g, d, mode in zip(groups, decisions, modes)
                             if mode == "opd" and d.teacher == t for s in g.samples]
                 if opd_rows:
-                    adv, sums = distill_advantages(model, opd_rows, name, temperature=args.temperature,
+                    lo, hi = dist.shard_range(len(opd_rows))    # this rank's block; all ranks get every row's
+                    adv, sums = distill_advantages(model, opd_rows[lo:hi], name, temperature=args.temperature,
                                                    topk=args.topk, lam=args.lam, pad_token_id=pad_id,
                                                    max_tokens_per_micro=args.max_tokens_per_micro)
+                    adv, sums = dist.gather_lists(adv), dist.all_sum(sums)
                     rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
                     kl = {k: kl[k] + sums[k] for k in kl}
             torch.manual_seed(onpolicy.derive_seed(args.seed, "train", step))

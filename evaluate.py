@@ -43,6 +43,7 @@ from typing import Callable
 import numpy as np
 
 import common
+import dist
 import onpolicy
 import rundir
 import sim
@@ -87,7 +88,8 @@ def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8,
 
     def policy(messages_list):
         outs = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
-                               temperature=temperature, top_p=top_p, seed=seed * 100_003 + next(calls),
+                               temperature=temperature, top_p=top_p,  # several processes: a stream per rank
+                               seed=(seed * 100_003 + next(calls)) * dist.world() + dist.rank(),
                                batch_size=batch_size)
         return [c.text for c in outs]
     return policy
@@ -104,11 +106,14 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     parsed answer, scorer result (SimResult.to_dict(), or onpolicy.parse_failure when unparsed), the round whose testbench the
     state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
     far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
+    Several processes (dist.py): each rank runs its contiguous block of the tasks; every rank gets
+    all the samples (in task order) and the metrics of all of them.
     """
-    tasks = list(tasks)
-    by_id = {t["id"]: t for t in tasks}
-    if len(by_id) != len(tasks):
+    all_tasks = list(tasks)
+    if len({t["id"] for t in all_tasks}) != len(all_tasks):
         raise ValueError("duplicate task ids")
+    tasks = dist.shard(all_tasks)
+    by_id = {t["id"]: t for t in tasks}
     samples = [{"task_id": t["id"], "sample": s, "seed": seed, "rounds": [], "best_by_round": []}
                for t in tasks for s in range(n)]
     best = [None] * len(samples)          # per sample: (key, round index, answer text, SimResult) or None
@@ -122,7 +127,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         _, r, text, res = best[i]
         return common.refine_messages(task, text, res), r
 
-    with sim.SimPool(sim_workers, cfg=sim_cfg) as pool:
+    with sim.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) as pool:
         for r in range(rounds + 1):
             active = [i for i in range(len(samples)) if not stopped[i]]
             t_gen, t0, pending = 0.0, time.time(), []
@@ -161,7 +166,11 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     for i, s in enumerate(samples):
         s["best_round"] = best[i][1]
         s["best"] = s["rounds"][best[i][1]]["result"]
-    metrics = {"seed": seed, "n": n, "rounds": rounds, "target_mode": target_mode, "num_tasks": len(tasks),
+    if dist.world() > 1:        # every rank's samples, and per round the slowest rank's times
+        samples, parts = dist.gather_lists(samples), dist.gather(timing)
+        timing = [{"round": r["round"], "samples": sum(p[k]["samples"] for p in parts),
+                   **{t: max(p[k][t] for p in parts) for t in ("gen_s", "total_s")}} for k, r in enumerate(timing)]
+    metrics = {"seed": seed, "n": n, "rounds": rounds, "target_mode": target_mode, "num_tasks": len(all_tasks),
                "direct": compute_metrics(samples, round_index=0, seed=seed, n_boot=n_boot)}
     if rounds > 0:
         metrics["agentic"] = compute_metrics(samples, round_index=rounds, seed=seed, n_boot=n_boot)
@@ -339,6 +348,7 @@ def add_eval_args(p):
 
 
 def cmd_eval(args):
+    dist.init()                 # several processes: before the model lands on this rank's GPU
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
     rounds = 0 if args.mode == "direct" else args.rounds
     config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
@@ -348,7 +358,8 @@ def cmd_eval(args):
     policy = _load_policy(args)
     samples, metrics = run_eval(policy, tasks, n=args.n, rounds=rounds, sim_workers=args.sim_workers,
                                 seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode)
-    write_eval(args.out, samples, metrics, config)
+    if dist.is_main():
+        write_eval(args.out, samples, metrics, config)
     print("\n".join(summary_lines(metrics)))
     print(f"eval: wrote {args.out}/metrics.json")
     return 0

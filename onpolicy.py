@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 import common
+import dist
 import sim
 
 
@@ -318,7 +319,9 @@ def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step,
     GPU), then uses the batches in the same order and by the same rule, so the kept groups, the data
     cursor and the logged counts follow the sequential procedure (the samples themselves differ: the
     generation seeds follow the generate calls); the unused rollouts are dropped. It pays only when one
-    generate call covers them all (gen_chunk >= P + max_extra_prompts), so rl.py picks it only then."""
+    generate call covers them all (gen_chunk >= P + max_extra_prompts), so rl.py picks it only then.
+    Under several processes (dist.py) each rank rolls out its contiguous block of every batch, and every
+    rank gets all the groups back, so the kept groups and the cursor are the same on every rank."""
     max_len, buffer = overlong
     target = prompts_per_step * rounds
     timings = {"t_gen": 0.0, "t_sim": 0.0}
@@ -329,9 +332,12 @@ def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step,
 
     def roll(first, n):
         batch = [tasks[task_order(first + i, len(tasks), seed)] for i in range(n)]
-        groups, t = source(model, tok, batch, step=step, first_index=first)
-        for k in timings:
-            timings[k] += t.get(k, 0.0)
+        lo, hi = dist.shard_range(n)        # several processes: each rolls out its block, all get every group
+        mine = source(model, tok, batch[lo:hi], step=step, first_index=first + lo) if hi > lo or n == 0 else ([], {})
+        parts = dist.gather(mine)
+        groups = [g for gs, _ in parts for g in gs]
+        for k in timings:                   # the slowest rank sets the wall time
+            timings[k] += max(t.get(k, 0.0) for _, t in parts)
         for g in groups:
             for s in g.samples:
                 s.reward = s.score.reward + overlong_penalty(len(s.completion_ids), max_len, buffer)
@@ -554,14 +560,14 @@ def add_rollout_args(p):
     p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
     p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
                    help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
-    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers (None: sim.py's default)")
+    p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers per process (None: its share of the cores)")
     p.add_argument("--sim-timeout", type=float, default=20.0,
                    help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
 
 
 def make_scorer(args):
     """(SimPool, score_fn) from the rollout flags; the caller closes the pool."""
-    pool = sim.SimPool(args.sim_workers, cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
+    pool = sim.SimPool(args.sim_workers or dist.cpu_share(), cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
     return pool, sim_score_fn(pool, args.target_mode)
 
 

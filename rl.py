@@ -47,6 +47,7 @@ import torch
 from tqdm import tqdm
 
 import common
+import dist
 import rundir
 import sim
 from onpolicy import (add_rollout_args, add_runtime_args, build_policy, collect_groups, derive_seed,
@@ -142,6 +143,9 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
     beta > 0: add beta * k3 KL to ref_adapter (None = the base model without adapters).
     norm_groups: an optional label per row; the loss is then the sum over labels of each label's
         token mean (slime averages RL and OPD tokens separately).
+    Several processes (dist.py): every rank passes the whole batch; each runs forward/backward on its
+    contiguous block of every mini-batch, with the normalisers of the whole mini-batch, and the
+    gradients are summed over the ranks before clipping, so the update equals one process's.
     """
     device = next(p for p in model.parameters() if p.requires_grad).device
     n_rows = len(rows)
@@ -155,20 +159,21 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
 
     # Old log-probs, recomputed here. With one optimizer step per batch they equal the new ones
     # numerically, so we take new.detach() instead of a second forward (TRL does the same).
+    order = list(range(n_rows))
+    per_step = math.ceil(n_rows / steps_per_generation) if n_rows else 0
+    minis = [order[s * per_step:(s + 1) * per_step] for s in range(steps_per_generation)]
     old = None
     if steps_per_generation > 1:
         old = [None] * n_rows
+        mine = [i for mini in minis for i in dist.shard(mini)]       # the rows this rank trains on
         with torch.no_grad():
-            for mb in micro_batches(rows, max_tokens_per_micro):
-                out = per_token_logps(model, [rows[i] for i in mb], temperature=temperature,
+            for mb in micro_batches([rows[i] for i in mine], max_tokens_per_micro):
+                out = per_token_logps(model, [rows[mine[j]] for j in mb], temperature=temperature,
                                       pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
-                for j, i in enumerate(mb):
-                    old[i] = out.logps[j, :len(rows[i].completion_ids)]
+                for k, j in enumerate(mb):
+                    old[mine[j]] = out.logps[k, :len(rows[mine[j]].completion_ids)]
 
-    order = list(range(n_rows))
-    per_step = math.ceil(n_rows / steps_per_generation) if n_rows else 0
-    for s in range(steps_per_generation):
-        mini = order[s * per_step:(s + 1) * per_step]
+    for mini in minis:
         if not mini:
             continue
         # one normaliser per label: that label's completion-token count over the mini-batch
@@ -178,9 +183,9 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
         optimizer.zero_grad(set_to_none=True)
         all_zero = beta == 0.0 and all(bool((adv_rows[i] == 0).all()) for i in mini)
         if not all_zero:   # all-zero advantages give an exactly zero gradient: skip the passes
-            mb_list = micro_batches([rows[i] for i in mini], max_tokens_per_micro)
-            for mb in mb_list:
-                idx = [mini[j] for j in mb]
+            local = dist.shard(mini)                  # the whole mini-batch for one process
+            for mb in micro_batches([rows[i] for i in local], max_tokens_per_micro):
+                idx = [local[j] for j in mb]
                 mb_rows = [rows[i] for i in idx]
                 ref = None
                 if beta != 0.0:
@@ -212,8 +217,11 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
             skipped += 1
             grad_norms.append(0.0)
             continue
+        dist.sync_grads(params)           # sum over the ranks (the loss already divides by the global count)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
+    totals = dist.all_sum(totals)
+    totals["num_tokens"] = int(totals["num_tokens"])
     n = max(totals["num_tokens"], 1)
     stats = {k: (v / n if k not in ("loss", "num_tokens") else v) for k, v in totals.items()}
     if totals["num_tokens"] == 0:        # nothing was computed: no entropy / clip numbers
@@ -314,6 +322,7 @@ def parse_args(argv=None):
 def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
+    dist.init()           # several processes: join the group before the model lands on this rank's GPU
     out, ckpt_dir, log_path, done = rundir.start_run(args)
     if done is not None:
         return done
@@ -329,6 +338,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
           f"dynamic_sampling={args.dynamic_sampling} overlong_buffer={args.overlong_buffer} kl_beta={args.kl_beta}")
 
     step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer, cursor=0)
+    dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
 
     pool = None
     if source is None:
@@ -339,7 +349,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                                    temperature=args.temperature, gen_batch_size=args.gen_batch_size,
                                    release_fast=release_fast_default(args.release_fast))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True)
+    bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
     try:
         while True:
             last_step = step == args.steps

@@ -8,6 +8,7 @@
     OUT/done.json           {"script", "finished_at", "files"}, written last: its presence means complete
 
 Checkpoints are written to a temporary folder renamed last, so a folder named step_* is always complete.
+Under several processes (dist.py) only rank 0 writes; the checkpoint does not depend on the process count.
 """
 import base64
 import json
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 import common
+import dist
 
 # -----------------------------------------------------------------------------
 # RNG state as JSON (python, numpy, torch, cuda)
@@ -64,8 +66,10 @@ def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, schedul
     common.save_adapter); optimizer.pt also holds the exact trainable weights, so that a resumed run
     continues bit-for-bit rather than from bf16-rounded weights. keep_last > 0 keeps that many."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:06d}"
+    if not dist.is_main():
+        return final
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_dir / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -120,6 +124,8 @@ def load_checkpoint(path, model, optimizer, scheduler=None):
 # log.jsonl and curves.png
 
 def append_log(path, row):
+    if not dist.is_main():
+        return
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -131,6 +137,8 @@ def read_log(path):
 
 def plot_log(rows, path, keys):
     """One small panel per key (a tuple of keys shares a panel) against step, saved as a PNG."""
+    if not dist.is_main():
+        return
     import matplotlib          # optional heavy dependency: only when a plot is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -163,6 +171,8 @@ def plot_log(rows, path, keys):
 def write_result(out, config, setup, outcome):
     """OUT/result.json: {"config", "setup", "outcome"}; returns the dict."""
     result = {"config": config, "setup": setup, "outcome": outcome}
+    if not dist.is_main():
+        return result
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "result.json").write_text(json.dumps(result, indent=1))
     return result
@@ -171,6 +181,8 @@ def write_result(out, config, setup, outcome):
 def write_done(out, script, files=None, **extra):
     """OUT/done.json, written last: {"script", "finished_at", "files": {what: path in OUT}, ...}."""
     done = {"script": script, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "files": files or {}, **extra}
+    if not dist.is_main():
+        return done
     (Path(out) / "done.json").write_text(json.dumps(done, indent=1))
     return done
 
@@ -208,7 +220,8 @@ def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
         step, cursor, log = meta["step"], meta["cursor"], meta["log"]
         resumed_step = step
         print(f"resumed from {ckpt} (step {step}, data cursor {cursor})")
-    Path(log_path).write_text("".join(json.dumps(r) + "\n" for r in log))
+    if dist.is_main():
+        Path(log_path).write_text("".join(json.dumps(r) + "\n" for r in log))
     return step, cursor, log, resumed_step
 
 
@@ -224,8 +237,10 @@ def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, pn
 
 def finish_run(out, script, model, result):
     """The final adapter (bf16 peft folder), result.json (config / setup / outcome), then done.json."""
-    common.save_adapter(model, str(Path(out) / "adapter"))
+    if dist.is_main():
+        common.save_adapter(model, str(Path(out) / "adapter"))
     result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
+    result["setup"]["processes"] = dist.world()
     write_result(out, result["config"], result["setup"], result["outcome"])
     return write_done(out, script, {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
 

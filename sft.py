@@ -23,6 +23,12 @@ What one stage does, in order:
 
 Deviations from the paper (§3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
 than 1e-5; the cutoff is 4096 tokens rather than 40960.
+
+Several processes (`accelerate launch --multi_gpu --num_processes N sft.py ...`, dist.py): the rows of
+each optimizer step (batch_size x grad_accum, the same as with one process) are split into contiguous
+blocks, one per rank, each run in micro-batches of batch_size; the loss divides by the step's global
+target-token count and the LoRA gradients are summed over the ranks, so a step equals one process's
+(LoRA dropout aside: each rank draws its own masks). Rank 0 writes every file.
 """
 import argparse
 import json
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
+import dist
 import rundir
 import sim
 
@@ -158,6 +165,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     Returns result.json's dict; the trained PeftModel is result["model"] (not written to disk).
     """
     t0 = time.time()
+    dist.init()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "grad_accum": grad_accum,
@@ -166,6 +174,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "weight_decay": weight_decay,
               "max_grad_norm": max_grad_norm, "group_by_length": group_by_length,
               "gradient_checkpointing": gradient_checkpointing, **(extra_config or {})}
+    # (the process count is not part of the config: a run may resume with another one)
 
     # 1. data
     encoded, dropped = [], 0
@@ -201,7 +210,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(model, "config"):
         model.config.use_cache = False
-    setup.update(device=str(device), compute_dtype="bf16 autocast" if use_bf16 else "fp32",
+    setup.update(device=str(device), processes=dist.world(), compute_dtype="bf16 autocast" if use_bf16 else "fp32",
                  trainable_params=sum(p.numel() for p in trainable))
     print(f"sft: {len(encoded)} rows ({dropped} dropped, {setup['prompts_truncated']} prompts cut), "
           f"{total_steps} steps x {batch_size}x{grad_accum}, lr {lr}, warmup {warmup_steps}, "
@@ -225,13 +234,15 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         step = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)["step"]
     if resume:
         print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if r["step"] <= step))
-    (out_dir / "done.json").unlink(missing_ok=True)
+    if dist.is_main():
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if r["step"] <= step))
+        (out_dir / "done.json").unlink(missing_ok=True)
+    dist.broadcast_params(trainable)
 
     # 4. loop: one optimizer step = grad_accum micro-batches, token-level mean over the whole step
     model.train()
     bar = None
-    if progress:
+    if progress and dist.is_main():
         bar = tqdm(total=total_steps, initial=step, desc=f"sft {out_dir.name}", dynamic_ncols=True)
     last_epoch_batches, losses = (None, None), []
     while step < total_steps:
@@ -241,8 +252,11 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if last_epoch_batches[0] != epoch:
             last_epoch_batches = (epoch, make_batches(lengths, batch_size, seed, epoch, group_by_length))
         micro = last_epoch_batches[1][in_epoch * grad_accum:(in_epoch + 1) * grad_accum]
+        n_tokens = sum(sum(l != IGNORE for l in encoded[i]["labels"][1:]) for idx in micro for i in idx)
+        if dist.world() > 1:      # this rank's block of the step's rows, in micro-batches of batch_size
+            mine = dist.shard([i for idx in micro for i in idx])
+            micro = [mine[s:s + batch_size] for s in range(0, len(mine), batch_size)]
         batches = [collate([encoded[i] for i in idx], pad_id) for idx in micro]
-        n_tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         step_loss = 0.0
         for b in batches:
             b = {k: v.to(device) for k, v in b.items()}
@@ -250,6 +264,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                 loss_sum, _ = target_loss_sum(model, b)
             (loss_sum / n_tokens).backward()
             step_loss += loss_sum.item() / n_tokens
+        dist.sync_grads(trainable)            # sum over the ranks: the loss already divides by the global count
+        step_loss = dist.all_sum(step_loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
         lr_now = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -269,6 +285,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                                    keep_last=1, scheduler=scheduler)
     if bar:
         bar.close()
+    dist.barrier()                            # rank 0's log is complete before any rank reads it
 
     # 5. outputs
     recs = rundir.read_log(log_path)
@@ -280,7 +297,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                "last_step_loss": recs[-1]["loss"] if recs else None,
                "time_s": round(time.time() - t0, 2)}
     rundir.plot_log(recs, out_dir / "curves.png", keys=["loss", "lr", "grad_norm"])
-    if finished:
+    if finished and dist.is_main():
         common.save_adapter(model, str(out_dir / "adapter"))
     result = rundir.write_result(out_dir, config, {**setup, "gpu_peak_mib": common.gpu_peak_mib()}, outcome)
     if finished:
@@ -324,6 +341,7 @@ def main(argv=None):
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/ckpt")
     args = p.parse_args(argv)
 
+    dist.init()               # several processes: before the model lands on this rank's GPU
     rows = [r for path in args.data for r in load_rows(path)]
     if args.limit:
         rows = rows[:args.limit]
