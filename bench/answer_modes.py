@@ -138,7 +138,7 @@ def write_md(data, path):
          "|---|---|---|---|" + "---|" * len(keys)]
     for name, m in rows:
         if not m:
-            L.append(f"| {name} | (not measured yet) | | | " + " | " * (len(keys) - 1) + " |")
+            L.append(f"| {name} | (not measured yet) | " + " | ".join([""] * (2 + len(keys))) + " |")
             continue
         f = m.get("failures") or {}
         L.append(f"| {name} | {_ci(m, 'syn_pass')} | {_ci(m, 'pass@1')} | {_ci(m, 'cov@1')} | "
@@ -207,8 +207,8 @@ def main(argv=None):
     for name in ("floor", "ceiling"):
         m = data.get(name)
         if m:
-            print(f"{name:8s} ({m['level']}): SynPass {_ci(m, 'syn_pass')}  Pass@1 {_ci(m, 'pass@1')}  "
-                  f"Cov@1 {_ci(m, 'cov@1')}  failures {m['failures']}")
+            print(f"{name:8s} ({m.get('level')}): SynPass {_ci(m, 'syn_pass')}  Pass@1 {_ci(m, 'pass@1')}  "
+                  f"Cov@1 {_ci(m, 'cov@1')}  failures {m.get('failures')}")
     for mode in ("testbench", "stimulus"):
         for part in ("direct", "agentic"):
             m = (data.get(mode) or {}).get(part)

@@ -269,3 +269,42 @@ def test_stage1_states_in_stimulus_mode_are_weak_and_broken_stimuli():
     tb_pairs = build_sft.state_policy_runs([t], fail_fraction=0.0, seed=3)
     assert [a for _, a in tb_pairs] == [teacher_mod.template_answer(t, lv, 3 + i)
                                         for i, lv in enumerate(build_sft.STATE_LEVELS)]
+
+
+# -----------------------------------------------------------------------------
+# bench/answer_modes.py --merge-evals: two eval folders -> results JSON keys
+
+@pytest.mark.needs_iverilog
+def test_answer_modes_merges_two_eval_runs_and_keeps_floor_and_ceiling(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("answer_modes", Path(__file__).resolve().parents[1]
+                                                  / "bench" / "answer_modes.py")
+    am = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(am)
+    t = fresh(AND_TASK)
+    for mode, texts in (("testbench", [BAD_TB, GOOD_TB]), ("stimulus", [GOOD_STIM, GOOD_STIM])):
+        calls = iter(texts)
+
+        def policy(ms, calls=calls):
+            x = next(calls)
+            return [x] * len(ms)
+        samples, metrics = evaluate.run_eval(policy, [t], n=1, rounds=1, sim_workers=1, n_boot=20, verbose=False,
+                                             answer_mode=mode)
+        evaluate.write_eval(tmp_path / mode, samples, metrics, {"answer_mode": mode})
+    out = tmp_path / "answer_modes.json"
+    out.write_text(json.dumps({"floor": {"level": "minimal", "syn_pass": 1.0, "pass@1": 0.0, "cov@1": 5.0}}))
+    assert am.main(["--merge-evals", f"testbench={tmp_path / 'testbench'}", f"stimulus={tmp_path / 'stimulus'}",
+                    "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["floor"]["cov@1"] == 5.0                                       # the CPU part is kept
+    tb, st = data["testbench"], data["stimulus"]
+    assert tb["direct"]["syn_pass"] == 0.0 and tb["direct"]["failures"]["compile"] == 1
+    assert tb["agentic"]["syn_pass"] == 100.0 and tb["agentic"]["failures"]["ok"] == 1
+    assert st["answer_mode"] == "stimulus" and st["direct"]["failures"]["ok"] == 1
+    for m in (tb["direct"], tb["agentic"], st["direct"], st["agentic"]):
+        assert {"syn_pass", "pass@1", "cov@1", "pass@1_ci95", "failures"} <= set(m)
+    md = out.with_suffix(".md").read_text()
+    assert "| testbench stage-0, direct | 0.0" in md and "| stimulus stage-0, agentic | 100.0" in md
+    with pytest.raises(SystemExit, match="stimulus mode, not testbench"):
+        am.main(["--merge-evals", f"testbench={tmp_path / 'stimulus'}", f"stimulus={tmp_path / 'stimulus'}",
+                 "--out", str(out)])
