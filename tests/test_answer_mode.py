@@ -308,3 +308,20 @@ def test_answer_modes_merges_two_eval_runs_and_keeps_floor_and_ceiling(tmp_path)
     with pytest.raises(SystemExit, match="stimulus mode, not testbench"):
         am.main(["--merge-evals", f"testbench={tmp_path / 'stimulus'}", f"stimulus={tmp_path / 'stimulus'}",
                  "--out", str(out)])
+
+
+# -----------------------------------------------------------------------------
+# chorus_mini: the profile key reaches every stage that builds prompts or scores answers
+
+def test_chorus_mini_passes_the_answer_mode_to_every_prompt_building_stage(tmp_path):
+    import chorus_mini as cm
+    assert all(p["answer_mode"] in harness.ANSWER_MODES for p in cm.PROFILES.values())
+    c = cm.apply_overrides(cm.PROFILES["smoke"], ["answer_mode=stimulus"])
+    o = tmp_path
+    cmds = {"data": cm.data_cmds(c, o, o / "m")[-1], "data2": cm.data2_cmd(c, o, "M"), "rl0": cm.rl_cmd(c, o, "M", 0),
+            "opd": cm.opd_cmd(c, o, "M", "opd"),
+            "eval": cm.eval_cmd(c, o, "M", None, o / "t.jsonl", o / "e", 1, 0)}
+    for name, cmd in cmds.items():
+        argv = [str(x) for x in cmd.argv]
+        assert argv[argv.index("--answer-mode") + 1] == "stimulus", name
+    assert "--answer-mode" not in [str(x) for x in cm.sft_cmd(c, o, "M", "data/stage0.jsonl").argv]   # rows carry it
