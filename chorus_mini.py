@@ -86,6 +86,10 @@ PROFILES = {
                                    # `accelerate launch --multi_gpu --num_processes N` (dist.py); sim_workers is per process
         "sim_workers": 2,          # parallel simulator processes
         "target_mode": "icarus",   # pass targets: the kit's Icarus-calibrated ones when a task has them, else CVDP's
+        "answer_mode": "testbench",  # testbench: the model writes whole testbenches (the paper); stimulus: the kit
+                                   # writes the harness from the DUT's ports, the model only the stimulus (harness.py;
+                                   # a design it cannot harness stays testbench). Passed to every stage that builds
+                                   # prompts or scores answers (data, data2, rl, opd, val, eval, eval_syn)
         "gen_batch_size": 64,      # sequences per generate call
         "max_tokens_per_micro": 2048,   # padded tokens per micro-batch in rl/distill (16384: 7 GB RSS in OPD here)
         "release_fast": None,      # rl/distill free the fast decoder's weights + KV cache before each update:
@@ -508,7 +512,7 @@ def data_cmds(c, o, model_path):
         cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
     cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
                      *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
-                           workers=c["sim_workers"])], done=d / "done.json"))
+                           workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "done.json"))
     return cmds
 
 
@@ -517,7 +521,7 @@ def data2_cmd(c, o, model):
     model = model or common.default_model_path()
     return Cmd(["python", "data/build_sft.py", "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / "data2"),
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
-                      workers=c["sim_workers"], quant=c["quant"], stage2_model=model,
+                      workers=c["sim_workers"], quant=c["quant"], answer_mode=c["answer_mode"], stage2_model=model,
                       stage2_adapter=rel(o / "sft1/adapter"), stage2_n=c["stage2_n"],
                       stage2_max_new_tokens=c["max_new_tokens"])])
 
@@ -543,7 +547,7 @@ def common_train_opts(c):
     return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
                   max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
-                  gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"]),
+                  gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"], answer_mode=c["answer_mode"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
             *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])), "--resume"]
 
@@ -569,7 +573,7 @@ def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
     return Cmd([*launch(c, "evaluate.py"), "eval", "--tasks", rel(tasks), "--out", rel(out),
                 *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
                       max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
-                      sim_workers=c["sim_workers"], target_mode=c["target_mode"])],
+                      sim_workers=c["sim_workers"], target_mode=c["target_mode"], answer_mode=c["answer_mode"])],
                done=Path(out) / "done.json")
 
 

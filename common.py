@@ -102,9 +102,12 @@ USER_SUFFIX = "Write a SystemVerilog testbench that maximizes coverage of the gi
 DEFAULT_TB_NAME = "tb_generated.sv"
 
 
-def _render_files(files):
-    """[{name, content}] -> '// File: name\\ncontent' blocks joined by a blank line."""
+def render_files(files):
+    """[{name, content}] -> '// File: name\\ncontent' blocks joined by a blank line (both modes' prompts)."""
     return "\n\n".join(f"// File: {f['name']}\n{f['content']}" for f in files)
+
+
+_render_files = render_files    # the old private name (kept for callers outside the kit's files)
 
 
 def build_messages(task):
@@ -116,8 +119,8 @@ def build_messages(task):
     for key in ("rtl_files", "instruction"):
         if key not in task:
             raise ValueError(f"build_messages: task {task.get('id', '?')!r} has no {key!r} field")
-    rtl = _render_files(task["rtl_files"])
-    spec = _render_files(task.get("spec_files") or []) or "// No specification files provided."
+    rtl = render_files(task["rtl_files"])
+    spec = render_files(task.get("spec_files") or []) or "// No specification files provided."
     user = f"<context>{rtl}{spec}</context>\n<instructions>{task['instruction']}</instructions>\n{USER_SUFFIX}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 

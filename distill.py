@@ -352,7 +352,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)
         source = source or onpolicy.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
-                                                chunk_size=args.gen_chunk, **gen)
+                                                chunk_size=args.gen_chunk, **gen,
+                                                answer_mode=getattr(args, "answer_mode", "testbench"))
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
     release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)

@@ -21,12 +21,18 @@ The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, 
 5. A sample stops once its best reaches 100% coverage. Its score is its best result over all rounds.
 Per-round bests are recorded, so one agentic run gives both the direct metrics (round 0) and the
 agentic metrics (last round).
+Answer modes (--answer-mode, harness.py): testbench (the above: whole testbenches) or stimulus (the prompt
+shows the kit's harness, the model writes the stimulus, the kit assembles and scores harness + stimulus;
+refinement feedback names the stimulus's own lines). A design the kit cannot harness is answered in
+testbench mode (metrics: answer_mode_fallbacks); each sample records the mode it was answered in.
 
 Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same):
 - Pass@k: unbiased estimator 1 - C(n-c, k)/C(n, k) per task (c = passing samples); Pass@n = any pass.
 - Cov@1: mean over samples of the best overall coverage (a failed simulation counts as 0);
   Cov@k: expected max over k of the n samples (Cov@n = max).
 - SynPass: samples whose best testbench compiles and simulates.
+- failures: the best results' statuses in the groups of failure_breakdown() (parse / compile / timeout /
+  sim_time_limit / other / ok), counts over samples.
 - Pass@1, Cov@1 and SynPass carry a 95% bootstrap interval over tasks (seeded by --seed).
 split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
 tuned on one and reported on the other.
@@ -44,6 +50,7 @@ import numpy as np
 
 import common
 import dist
+import harness
 import onpolicy
 import rundir
 import sim
@@ -99,13 +106,14 @@ def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8,
 # The loop
 
 def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_size=64, target_mode="cvdp",
-             sim_cfg=None, n_boot=1000, verbose=True):
+             sim_cfg=None, n_boot=1000, verbose=True, answer_mode="testbench"):
     """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
 
     Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
     parsed answer, scorer result (SimResult.to_dict(), or onpolicy.parse_failure when unparsed), the round whose testbench the
     state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
     far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
+    answer_mode: testbench | stimulus (harness.first_messages / refine_state_messages, onpolicy.submit_answer).
     Several processes (dist.py): each rank runs its contiguous block of the tasks; every rank gets
     all the samples (in task order) and the metrics of all of them.
     """
@@ -114,8 +122,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         raise ValueError("duplicate task ids")
     tasks = dist.shard(all_tasks)
     by_id = {t["id"]: t for t in tasks}
-    samples = [{"task_id": t["id"], "sample": s, "seed": seed, "rounds": [], "best_by_round": []}
-               for t in tasks for s in range(n)]
+    samples = [{"task_id": t["id"], "sample": s, "seed": seed, "answer_mode": harness.task_mode(t, answer_mode),
+                "rounds": [], "best_by_round": []} for t in tasks for s in range(n)]
     best = [None] * len(samples)          # per sample: (key, round index, answer text, SimResult) or None
     stopped = [False] * len(samples)
     timing = []
@@ -123,9 +131,9 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     def state(i):
         task = by_id[samples[i]["task_id"]]
         if best[i] is None or not best[i][0][0]:        # nothing parsed yet: retry the initial prompt
-            return common.build_messages(task), None
+            return harness.first_messages(task, answer_mode), None
         _, r, text, res = best[i]
-        return common.refine_messages(task, text, res), r
+        return harness.refine_state_messages(task, text, res, answer_mode), r
 
     with sim.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) as pool:
         for r in range(rounds + 1):
@@ -141,7 +149,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                     raise ValueError(f"policy returned {len(texts)} answers for {len(chunk)} prompts")
                 for i, (_, state_round), text in zip(chunk, states, texts):
                     # submitted now: simulates while the next chunk generates
-                    answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode)
+                    answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
+                                                          answer_mode)
                     pending.append((i, state_round, text, answer, wait))
             for i, state_round, text, answer, wait in pending:
                 res = wait()
@@ -170,7 +179,10 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         samples, parts = dist.gather_lists(samples), dist.gather(timing)
         timing = [{"round": r["round"], "samples": sum(p[k]["samples"] for p in parts),
                    **{t: max(p[k][t] for p in parts) for t in ("gen_s", "total_s")}} for k, r in enumerate(timing)]
+    fell_back = harness.fallbacks(all_tasks, answer_mode)
     metrics = {"seed": seed, "n": n, "rounds": rounds, "target_mode": target_mode, "num_tasks": len(all_tasks),
+               "answer_mode": answer_mode, "answer_mode_fallbacks": len(fell_back),
+               "answer_mode_notes": fell_back,
                "direct": compute_metrics(samples, round_index=0, seed=seed, n_boot=n_boot)}
     if rounds > 0:
         metrics["agentic"] = compute_metrics(samples, round_index=rounds, seed=seed, n_boot=n_boot)
@@ -213,12 +225,28 @@ def bootstrap_ci(values, seed=0, n_boot=1000, level=0.95):
     return [float(lo), float(hi)]
 
 
+FAILURE_GROUPS = {"no_code": "parse", "truncated": "parse", "compile_error": "compile", "rejected": "compile",
+                  "no_dut_instance": "compile", "timeout": "timeout", "sim_time_limit": "sim_time_limit", "ok": "ok"}
+FAILURE_KEYS = ("parse", "compile", "timeout", "sim_time_limit", "other", "ok")
+
+
+def failure_breakdown(results):
+    """{group: count} of result dicts' statuses: parse (no_code, truncated) / compile (compile_error, a
+    rejected testbench or stimulus, no_dut_instance) / timeout / sim_time_limit / other (runtime_error,
+    output_limit, no_coverage, internal_error) / ok."""
+    out = dict.fromkeys(FAILURE_KEYS, 0)
+    for r in results:
+        out[FAILURE_GROUPS.get((r or {}).get("status"), "other")] += 1
+    return out
+
+
 def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):
     """Pass@k / Cov@k / SynPass (percent) of the best result up to `round_index` (-1: last round)."""
-    per_task = {}
+    per_task, bests = {}, []
     for s in samples:
         pick = s["best_by_round"][round_index]
         res = s["rounds"][pick]["result"]
+        bests.append(res)
         t = per_task.setdefault(s["task_id"], {"passed": [], "cov": [], "syn": []})
         t["passed"].append(passed(res))
         t["cov"].append(coverage(res))
@@ -242,6 +270,7 @@ def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):
         ci = bootstrap_ci([r[col] for r in table.values()], seed=seed, n_boot=n_boot)
         if ci is not None:
             out[f"{name}_ci95"] = ci
+    out["failures"] = failure_breakdown(bests)
     out["per_task"] = table
     return out
 
@@ -290,7 +319,9 @@ def write_eval(out_dir, samples, metrics, config):
     headline = {mode: {k: v for k, v in m.items() if k != "per_task"}
                 for mode, m in metrics.items() if mode in ("direct", "agentic")}
     rundir.write_result(out, config, {"tasks": metrics["num_tasks"], "n": metrics["n"], "rounds": metrics["rounds"],
-                                      "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib()}, headline)
+                                      "seed": metrics["seed"], "gpu_peak_mib": common.gpu_peak_mib(),
+                                      "answer_mode": metrics.get("answer_mode", "testbench"),
+                                      "answer_mode_fallbacks": metrics.get("answer_mode_fallbacks", 0)}, headline)
     rundir.write_done(out, "evaluate.py", {"metrics": "metrics.json", "samples": "samples.jsonl", "result": "result.json"})
 
 
@@ -318,6 +349,8 @@ def _load_policy(args):
 
 
 def _add_model_args(p):
+    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
+                   help="testbench: whole testbenches; stimulus: the kit writes the harness, the model the stimulus")
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2)")
     p.add_argument("--adapter", default=None, help="peft adapter folder to apply")
     p.add_argument("--quant", default="auto", help="passed to common.load_model")
@@ -354,10 +387,15 @@ def cmd_eval(args):
     config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     config["rounds"] = rounds
     print(f"eval: {len(tasks)} tasks x {args.n} samples, {rounds} refinement rounds, "
-          f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}")
+          f"T {args.temperature} top-p {args.top_p}, seed {args.seed}, split {args.split}, answer mode {args.answer_mode}")
+    fell_back = harness.fallbacks(tasks, args.answer_mode)
+    if fell_back:
+        print(f"eval: {len(fell_back)} task(s) in testbench mode, the kit cannot harness them: "
+              + "; ".join(list(fell_back.values())[:3]))
     policy = _load_policy(args)
     samples, metrics = run_eval(policy, tasks, n=args.n, rounds=rounds, sim_workers=args.sim_workers,
-                                seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode)
+                                seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode,
+                                answer_mode=args.answer_mode)
     if dist.is_main():
         write_eval(args.out, samples, metrics, config)
     print("\n".join(summary_lines(metrics)))
@@ -471,18 +509,29 @@ def make_task(rtl_paths, top, inst="uut", spec_paths=(), target=90.0):
             "targets": [{"inst_name": inst, "metric": "overall_average", "target_percentage": target}]}
 
 
-def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers=None, seed=0):
-    """Best testbench over n samples x (1 + rounds); writes it and its scorer report into out_dir."""
-    samples, _ = run_eval(policy, [task], n=n, rounds=rounds, sim_workers=sim_workers, seed=seed, n_boot=0)
+def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers=None, seed=0,
+                       answer_mode="testbench"):
+    """Best testbench over n samples x (1 + rounds); writes it and its scorer report into out_dir.
+    In stimulus mode the testbench is the harness + the best stimulus (also written as stimulus.sv)."""
+    samples, _ = run_eval(policy, [task], n=n, rounds=rounds, sim_workers=sim_workers, seed=seed, n_boot=0,
+                          answer_mode=answer_mode)
     top = max(samples, key=lambda s: result_key(s["best"]))
     rec = top["rounds"][top["best_round"]]
+    mode = top["answer_mode"]
+    code = rec["answer"]["code"]
+    if mode == "stimulus" and code and rec["answer"]["reason"] == "ok":
+        code = harness.assemble(harness.task_harness(task), rec["answer"]["code"])[0]
     report = {"task": task["id"], "filename": rec["answer"]["filename"], "round": rec["round"],
-              "sample": top["sample"], "result": rec["result"]}
+              "sample": top["sample"], "answer_mode": mode, "result": rec["result"]}
+    if mode != answer_mode:
+        report["answer_mode_note"] = task.get("answer_mode_note")
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if rec["answer"]["code"]:
-            (out / Path(rec["answer"]["filename"]).name).write_text(rec["answer"]["code"])
+        if code:
+            (out / Path(rec["answer"]["filename"]).name).write_text(code)
+        if mode == "stimulus" and rec["answer"]["code"]:
+            (out / "stimulus.sv").write_text(rec["answer"]["code"])
         (out / "report.json").write_text(json.dumps(report, indent=1))
         feedback = f"answer not parsed ({rec['answer']['reason']})" if onpolicy.is_parse_failure(rec["result"]) \
             else sim.format_feedback(sim.SimResult.from_dict(rec["result"]))
@@ -490,7 +539,7 @@ def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers
         with open(out / "samples.jsonl", "w") as f:
             for s in samples:
                 f.write(json.dumps(s) + "\n")
-    return {**report, "code": rec["answer"]["code"]}
+    return {**report, "code": code}
 
 
 def add_generate_args(p):
@@ -509,7 +558,7 @@ def cmd_generate(args):
     task = make_task(args.rtl, args.top, args.inst, args.spec, args.target)
     policy = _load_policy(args)
     rep = generate_testbench(policy, task, n=args.n, rounds=args.rounds, out_dir=args.out,
-                             sim_workers=args.sim_workers, seed=args.seed)
+                             sim_workers=args.sim_workers, seed=args.seed, answer_mode=args.answer_mode)
     res = rep["result"] or {}
     print(f"generate: best from sample {rep['sample']} round {rep['round']}: status {res.get('status', 'unparsed')}, "
           f"coverage {res.get('overall_pct')}, passed {res.get('passed', False)} -> {args.out}/{rep['filename']}")

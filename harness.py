@@ -41,10 +41,20 @@ API (everything a caller needs; no model, no simulator run):
                                                  common.refine_messages: result = the scorer's result of
                                                  the assembled testbench (raw; mapped here), or None when
                                                  the answer did not parse
+Answer modes (the one dispatch; every script calls these with the requested mode):
+  ANSWER_MODES = ("testbench", "stimulus"); check_mode(mode)
+  task_harness(task) -> Harness                 make_harness, cached per task (id + RTL hash)
+  task_mode(task, requested) -> mode            stimulus falls back to testbench for a design the kit
+                                                 cannot harness (reason in task["answer_mode_note"])
+  fallbacks(tasks, requested) -> {id: note}     the tasks that fell back (results count them)
+  first_messages(task, mode) / refine_state_messages(task, answer_text, result, mode) -> messages
+  canonical_answer(task, answer_text, mode) -> str    the SFT label text
+  (onpolicy.prepare_answer is the score path's side: answer text -> job or failure result)
 Scoring a stimulus answer: p = prepare_stimulus(h, text); p.reason "ok" -> sim.job_from_task(task, p.tb);
 "rejected" -> rejected_result(task["id"], p.why); no_code / truncated -> a parse failure, as today.
 """
 import dataclasses
+import hashlib
 import re
 
 import pyslang
@@ -460,8 +470,8 @@ def stimulus_messages(task, harness):
     """Initial stimulus-mode prompt: [system, user]. The user message holds the RTL and spec (as in
     common.build_messages), the harness source and its interface. The task's `instruction` (which asks
     for an instance name) is left out: the harness instantiates the DUT."""
-    rtl = common._render_files(task["rtl_files"])
-    spec = common._render_files(task.get("spec_files") or []) or "// No specification files provided."
+    rtl = common.render_files(task["rtl_files"])
+    spec = common.render_files(task.get("spec_files") or []) or "// No specification files provided."
     user = (f"<context>{rtl}{spec}</context>\n<harness>{harness.source()}</harness>\n"
             f"<instructions>{interface_text(harness)}</instructions>\n{STIMULUS_REQUEST}")
     return [{"role": "system", "content": STIMULUS_SYSTEM_PROMPT}, {"role": "user", "content": user}]
@@ -521,3 +531,75 @@ def stimulus_refine_messages(task, harness, answer_text, result):
         fb = stimulus_feedback(result, assemble(harness, st.body)[1])
     return first + [{"role": "assistant", "content": render_stimulus(st.body)},
                     {"role": "user", "content": fb}]
+
+
+# ----------------------------------------------------------------------------------------------
+# Answer modes: the one dispatch every script uses (data building, SFT rows, RL, OPD, eval, generate)
+# ----------------------------------------------------------------------------------------------
+
+ANSWER_MODES = ("testbench", "stimulus")
+_HARNESS_CACHE = {}         # (id, top, inst, sha256 of the RTL) -> Harness or the HarnessError
+
+
+def check_mode(mode):
+    """The mode itself, or ValueError naming the choices."""
+    if mode not in ANSWER_MODES:
+        raise ValueError(f"unknown answer mode {mode!r}; choose from {', '.join(ANSWER_MODES)}")
+    return mode
+
+
+def task_harness(task):
+    """make_harness(task), made once per task (by id and RTL hash); raises the cached HarnessError."""
+    rtl = hashlib.sha256("\0".join(f"{f['name']}\0{f['content']}" for f in task["rtl_files"]).encode()).hexdigest()
+    key = (task["id"], task["dut_module_name"], task["dut_instance_name"], rtl)
+    if key not in _HARNESS_CACHE:
+        try:
+            _HARNESS_CACHE[key] = make_harness(task)
+        except HarnessError as e:
+            _HARNESS_CACHE[key] = e
+    h = _HARNESS_CACHE[key]
+    if isinstance(h, HarnessError):
+        raise h
+    return h
+
+
+def task_mode(task, requested):
+    """The mode `task` is answered in: `requested`, except that in stimulus mode a design the kit cannot
+    harness falls back to "testbench", with the reason written into task["answer_mode_note"]."""
+    if check_mode(requested) == "testbench":
+        return "testbench"
+    try:
+        task_harness(task)
+    except HarnessError as e:
+        task["answer_mode_note"] = f"stimulus mode not possible, testbench mode used: {e}"
+        return "testbench"
+    return "stimulus"
+
+
+def fallbacks(tasks, requested):
+    """{task id: note} of the tasks that fall back to testbench mode under `requested` (counted in results)."""
+    return {t["id"]: t["answer_mode_note"] for t in tasks if task_mode(t, requested) != requested}
+
+
+def first_messages(task, mode="testbench"):
+    """The initial prompt [system, user] in the task's mode (common.build_messages / stimulus_messages)."""
+    if task_mode(task, mode) == "stimulus":
+        return stimulus_messages(task, task_harness(task))
+    return common.build_messages(task)
+
+
+def refine_state_messages(task, answer_text, result, mode="testbench"):
+    """The memoryless refinement state in the task's mode (common.refine_messages /
+    stimulus_refine_messages: compile errors name the stimulus's own lines). result: the scorer's raw
+    result dict, or None when the answer did not parse."""
+    if task_mode(task, mode) == "stimulus":
+        return stimulus_refine_messages(task, task_harness(task), answer_text, result)
+    return common.refine_messages(task, answer_text, result)
+
+
+def canonical_answer(task, answer_text, mode="testbench"):
+    """The canonical assistant text of an answer in the task's mode (SFT labels)."""
+    if task_mode(task, mode) == "stimulus":
+        return render_stimulus(parse_stimulus(answer_text).body)
+    a = common.parse_answer(answer_text)
+    return common.render_answer(a.filename, a.code)

@@ -2,8 +2,10 @@
 reading its token log-probs. Both trainers import from here; neither imports the other's loop.
 
     seeds       derive_seed, task_order (a resumable, seeded task order)
-    scoring     parse_failure, is_parse_failure, result_reward, feedback_result, submit_answer,
-                score_answers (one answer: parse -> simulate -> reward; usable or not)
+    scoring     parse_failure, is_parse_failure, result_reward, feedback_result, prepare_answer,
+                submit_answer, score_answers (one answer: parse -> simulate -> reward; usable or not),
+                in either answer mode (testbench: a whole testbench; stimulus: harness.py's harness +
+                the model's stimulus; the mode's prompts are harness.first_messages / refine_state_messages)
     rollouts    Score, Sample, Group, worst_sample, two_round_rollouts, sim_score_fn, make_scorer,
                 make_model_source, release_fast_default, overlong_penalty, collect_groups (+ dynamic
                 sampling), rollout_metrics
@@ -25,6 +27,7 @@ from tqdm import tqdm
 
 import common
 import dist
+import harness
 import sim
 
 
@@ -75,24 +78,47 @@ def feedback_result(result):
     return None if is_parse_failure(result) else result
 
 
-def submit_answer(pool, task, text, target_mode="cvdp"):
-    """Parse `text` and, when it parsed, submit its simulation to a sim.SimPool. Returns (Answer, wait):
-    wait() -> the result dict (the simulation runs meanwhile, so the caller can generate the next batch)."""
+def prepare_answer(task, text, target_mode="cvdp", answer_mode="testbench"):
+    """One answer text -> (Answer, job, result): either a sim job to run (result None) or no job and the
+    failure result. answer_mode (the requested mode; harness.task_mode picks the task's own):
+    testbench: common.parse_answer; no_code / truncated -> parse_failure.
+    stimulus: harness.prepare_stimulus (the Answer's code is the stimulus body, its filename the
+    harness's tb_<top>.sv); ok -> the job of harness + stimulus; rejected -> harness.rejected_result
+    (status "rejected", reward 0, nothing simulated); no_code / truncated -> parse_failure."""
+    text = text or ""
+    if harness.task_mode(task, answer_mode) == "stimulus":
+        h = harness.task_harness(task)
+        p = harness.prepare_stimulus(h, text)
+        answer = common.Answer(f"{h.module}.sv", p.body, p.reason)
+        if p.reason == "ok":
+            return answer, sim.job_from_task(task, p.tb, target_mode=target_mode), None
+        if p.reason == "rejected":
+            return answer, None, harness.rejected_result(task["id"], p.why)
+        return answer, None, parse_failure(p.reason)
     answer = common.parse_answer(text)
     if answer.reason in PARSE_FAILURES:
-        res = parse_failure(answer.reason)
+        return answer, None, parse_failure(answer.reason)
+    return answer, sim.job_from_task(task, answer.code, target_mode=target_mode), None
+
+
+def submit_answer(pool, task, text, target_mode="cvdp", answer_mode="testbench"):
+    """Parse `text` (prepare_answer) and, when it gave a job, submit its simulation to a sim.SimPool.
+    Returns (Answer, wait): wait() -> the result dict (the simulation runs meanwhile, so the caller can
+    generate the next batch)."""
+    answer, job, res = prepare_answer(task, text, target_mode, answer_mode)
+    if job is None:
         return answer, lambda: res
-    future = pool.submit(sim.job_from_task(task, answer.code, target_mode=target_mode))
+    future = pool.submit(job)
     return answer, lambda: future.result().to_dict()
 
 
-def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate"):
-    """[(task, answer text)] -> [result dict], in order. The parsed answers are simulated with `workers`
-    processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status."""
-    answers = [common.parse_answer(text or "") for _, text in pairs]
-    todo = [i for i, a in enumerate(answers) if a.reason not in PARSE_FAILURES]
-    jobs = [sim.job_from_task(pairs[i][0], answers[i].code, target_mode=target_mode) for i in todo]
-    out = [parse_failure(a.reason) for a in answers]
+def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate", answer_mode="testbench"):
+    """[(task, answer text)] -> [result dict], in order (prepare_answer per pair). The jobs are simulated
+    with `workers` processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status."""
+    prepared = [prepare_answer(t, text, target_mode, answer_mode) for t, text in pairs]
+    todo = [i for i, (_, job, _) in enumerate(prepared) if job is not None]
+    jobs = [prepared[i][1] for i in todo]
+    out = [res for _, _, res in prepared]
     counts = {}
     with tqdm(total=len(jobs), desc=desc, dynamic_ncols=True, disable=not jobs) as bar, \
             contextlib.ExitStack() as stack:
@@ -233,22 +259,24 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
     return groups, timings
 
 
-def sim_score_fn(pool, target_mode="icarus"):
+def sim_score_fn(pool, target_mode="icarus", answer_mode="testbench"):
     """score_fn for two_round_rollouts backed by sim.SimPool (submit_answer): unparseable answers get
     reward 0 without simulating."""
     def score(task, completion):
-        _, wait = submit_answer(pool, task, completion.text, target_mode)
+        _, wait = submit_answer(pool, task, completion.text, target_mode, answer_mode)
         return lambda: Score.of(wait())
     return score
 
 
 def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
-                      temperature=1.0, gen_batch_size=64, release_fast=False):
+                      temperature=1.0, gen_batch_size=64, release_fast=False, answer_mode="testbench"):
     """The real rollout source: the policy generates (common.generate, fast path on CUDA), the
     scorer rewards. Returns source(model, tok, tasks, *, step, first_index) -> (groups, timings).
     Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them.
     release_fast drops the fast decoder's packed weights and KV cache after each step's rollouts, so
-    the training phase gets that memory back (needed on 24 GB cards; costs a re-pack per step)."""
+    the training phase gets that memory back (needed on 24 GB cards; costs a re-pack per step).
+    answer_mode: the prompts of both rounds (harness.first_messages / refine_state_messages; give the
+    score_fn the same mode)."""
 
     def source(model, tok, tasks, *, step, first_index):
         def generate_fn(messages_list, call_seed):
@@ -259,7 +287,9 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
         out = two_round_rollouts(
             tasks, generate_fn=generate_fn, score_fn=score_fn, num_generations=num_generations,
             seed_fn=lambda rnd, idx: derive_seed(seed, "gen", step, rnd, idx),
-            first_index=first_index, rounds=rounds, chunk_size=chunk_size)
+            first_index=first_index, rounds=rounds, chunk_size=chunk_size,
+            build_fn=lambda t: harness.first_messages(t, answer_mode),
+            refine_fn=lambda t, a, r: harness.refine_state_messages(t, a, r, answer_mode))
         if release_fast:
             common.free_fast_cache(model)
         return out
@@ -555,6 +585,9 @@ def make_optimizer(model, lr, weight_decay=0.0, betas=(0.9, 0.95)):
 def add_rollout_args(p):
     """The rollout and scorer flags rl.py and distill.py share."""
     p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
+    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
+                   help="testbench: the model writes whole testbenches; stimulus: the kit writes the harness, the "
+                        "model the stimulus (a design the kit cannot harness falls back to testbench)")
     p.add_argument("--gen-chunk", type=int, default=1, help="prompts per (student) generate call; simulation of one "
                    "chunk overlaps the next")
     p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")
@@ -568,7 +601,7 @@ def add_rollout_args(p):
 def make_scorer(args):
     """(SimPool, score_fn) from the rollout flags; the caller closes the pool."""
     pool = sim.SimPool(args.sim_workers or dist.cpu_share(), cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
-    return pool, sim_score_fn(pool, args.target_mode)
+    return pool, sim_score_fn(pool, args.target_mode, getattr(args, "answer_mode", "testbench"))
 
 
 

@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 import common
 import dist
+import harness
 import rundir
 import sim
 from onpolicy import (add_rollout_args, add_runtime_args, build_policy, collect_groups, derive_seed,
@@ -261,7 +262,8 @@ def filter_long_prompts(tasks, tok, model, args):
         why = f"context {ctx} - {args.rounds} rounds x {args.max_new_tokens} new tokens - 1024, at least 256"
     if limit < 0:
         return tasks
-    kept = [t for t in tasks if len(common.chat_ids(tok, common.build_messages(t))) <= limit]
+    mode = getattr(args, "answer_mode", "testbench")          # the round-1 prompt of the answer mode
+    kept = [t for t in tasks if len(common.chat_ids(tok, harness.first_messages(t, mode))) <= limit]
     print(f"prompt filter: {len(kept)}/{len(tasks)} tasks have <= {limit} prompt tokens ({why})")
     if not kept:
         raise SystemExit(f"no task has a prompt of <= {limit} tokens ({why}): lower --max-new-tokens "
@@ -347,7 +349,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
         source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
                                    seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
                                    temperature=args.temperature, gen_batch_size=args.gen_batch_size,
-                                   release_fast=release_fast_default(args.release_fast))
+                                   release_fast=release_fast_default(args.release_fast),
+                                   answer_mode=getattr(args, "answer_mode", "testbench"))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
     try:

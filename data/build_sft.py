@@ -24,6 +24,14 @@ common.build_messages(task) + the answer; refinement rows are the memoryless sta
 common.refine_messages(task, state_answer, state_result or None) + the answer; answers are canonical
 (common.render_answer). Rewards are sim.reward (0, or 1 + overall/100).
 
+Answer modes (--answer-mode, harness.py): testbench (above) or stimulus: the prompts are
+harness.first_messages / refine_state_messages (the kit's harness is in the prompt), the answers stimulus
+bodies (harness.render_stimulus), the template teacher writes stimulus answers (teacher.stimulus_answer;
+stage-1 states: weaker stimuli and teacher.corrupt_stimulus copies; refinement: teacher.refine_stimulus), and
+scoring assembles harness + stimulus (onpolicy.prepare_answer). A design the kit cannot harness gets
+testbench-mode rows. Every row names its mode (`answer_mode`); result.json's outcome counts the distinct
+stimulus bodies of each stage's rows (`distinct_stimuli`: a design-aware teacher gives many).
+
 Flow: tasks (--tasks FILE or --synthetic N) -> optional --decontaminate EVAL.jsonl ... (drops training
 tasks whose RTL is too similar to an eval task's: data.designs.contamination_filter) -> stage 0 ->
 stage 1 -> optional stage 2. Teacher: the template teacher (default, --level), an OpenAI-compatible
@@ -56,6 +64,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
 
 import common  # noqa: E402
+import harness  # noqa: E402
 import rundir  # noqa: E402
 import sim  # noqa: E402
 from data import teacher as teacher_mod  # noqa: E402
@@ -127,22 +136,35 @@ def select_states(runs):
 # Rows
 # ----------------------------------------------------------------------------------------------
 
-def canonical(answer):
-    a = common.parse_answer(answer)
-    return common.render_answer(a.filename, a.code)
+def canonical(answer, task=None, answer_mode="testbench"):
+    """The canonical assistant text of an answer (harness.canonical_answer; testbench without a task)."""
+    if task is None:
+        a = common.parse_answer(answer)
+        return common.render_answer(a.filename, a.code)
+    return harness.canonical_answer(task, answer, answer_mode)
 
 
-def direct_row(task, answer, res, stage=0):
-    msgs = common.build_messages(task) + [{"role": "assistant", "content": canonical(answer)}]
+def direct_row(task, answer, res, stage=0, answer_mode="testbench"):
+    msgs = harness.first_messages(task, answer_mode) + [
+        {"role": "assistant", "content": canonical(answer, task, answer_mode)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": "direct",
+            "answer_mode": harness.task_mode(task, answer_mode),
             "reward_before": None, "reward_after": result_reward(res)}
 
 
-def refine_row(task, state_answer, state_res, answer, res, kind, stage):
-    msgs = common.refine_messages(task, state_answer, feedback_result(state_res))
-    msgs = list(msgs) + [{"role": "assistant", "content": canonical(answer)}]
+def refine_row(task, state_answer, state_res, answer, res, kind, stage, answer_mode="testbench"):
+    msgs = harness.refine_state_messages(task, state_answer, feedback_result(state_res), answer_mode)
+    msgs = list(msgs) + [{"role": "assistant", "content": canonical(answer, task, answer_mode)}]
     return {"messages": msgs, "task_id": task["id"], "stage": stage, "kind": kind,
+            "answer_mode": harness.task_mode(task, answer_mode),
             "reward_before": result_reward(state_res), "reward_after": result_reward(res)}
+
+
+def distinct_stimuli(rows):
+    """How many distinct stimulus bodies the stimulus-mode rows' answers hold (whitespace-normalised)."""
+    bodies = {" ".join(harness.parse_stimulus(r["messages"][-1]["content"]).body.split())
+              for r in rows if r.get("answer_mode") == "stimulus"}
+    return len(bodies)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,14 +197,15 @@ def teacher_direct(tasks, teacher, n):
     return kept, answers, skipped
 
 
-def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
+def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="testbench"):
     """Direct rows: for each task the best of n teacher answers, kept if it ran with coverage.
 
     Returns (rows, stats); stats["skipped_ids"] are the designs the teacher cannot drive (counted per
     reason in stats["skipped_by_reason"]). score_fn([(task, answer)]) -> [result dict] defaults to
     onpolicy.score_answers.
     """
-    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers"))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers",
+                                                        answer_mode=answer_mode))
     kept, answers, skipped = teacher_direct(tasks, teacher, n)
     pairs = [(t, a) for t, ans in zip(kept, answers) for a in ans]
     results = score_fn(pairs)
@@ -194,35 +217,43 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None):
         if result_reward(best[1]) == 0.0:
             dropped += 1
             continue
-        rows.append(direct_row(t, best[0], best[1], stage=0))
+        rows.append(direct_row(t, best[0], best[1], stage=0, answer_mode=answer_mode))
     kept_ids = {t["id"] for t in kept}
     return rows, {"tasks": len(tasks), "tries": n, "rows": len(rows), "dropped_no_coverage": dropped,
                   "skipped_teacher": sum(skipped.values()), "skipped_by_reason": skipped,
                   "skipped_ids": [t["id"] for t in tasks if t["id"] not in kept_ids]}
 
 
-def state_policy_runs(tasks, levels=STATE_LEVELS, fail_fraction=0.3, seed=0):
+def state_policy_runs(tasks, levels=STATE_LEVELS, fail_fraction=0.3, seed=0, answer_mode="testbench"):
     """Weak states for stage 1: template answers at weak levels, plus (for `fail_fraction` of the
-    designs) one broken copy with a typical mistake (teacher.CORRUPTIONS). Returns [(task, answer)]."""
+    designs) one broken copy with a typical mistake (teacher.CORRUPTIONS; in stimulus mode
+    teacher.STIMULUS_CORRUPTIONS of a template stimulus). Returns [(task, answer)]."""
     rng = random.Random(seed)
     pairs = []
     for t in tasks:
+        stim = harness.task_mode(t, answer_mode) == "stimulus"
+        make = teacher_mod.stimulus_answer if stim else teacher_mod.template_answer
         try:
-            answers = [teacher_mod.template_answer(t, lv, seed + i) for i, lv in enumerate(levels)]
+            answers = [make(t, lv, seed + i) for i, lv in enumerate(levels)]
         except teacher_mod.TeacherError as e:
             print(f"state policy: {e}", file=sys.stderr)
             continue
         if rng.random() < fail_fraction:
-            answers.append(teacher_mod.corrupt(t, answers[-1], rng.choice(teacher_mod.CORRUPTIONS), rng.randrange(2)))
+            if stim:
+                answers.append(teacher_mod.corrupt_stimulus(t, answers[-1], rng.choice(teacher_mod.STIMULUS_CORRUPTIONS),
+                                                            rng.randrange(4)))
+            else:
+                answers.append(teacher_mod.corrupt(t, answers[-1], rng.choice(teacher_mod.CORRUPTIONS), rng.randrange(2)))
         pairs.extend((t, a) for a in answers)
     return pairs
 
 
-def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, rounds=1):
+def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, rounds=1, answer_mode="testbench"):
     """Refinement rows from runs [(task, answer)]: score, select worst-first states per design, let the
     teacher refine (up to `rounds` times, each from the previous improved answer), filter by
     improvement, keep the largest reward gain per design. Returns (rows, stats)."""
-    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc=f"stage {stage}: states / refinements"))
+    score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc=f"stage {stage}: states / refinements",
+                                                        answer_mode=answer_mode))
     results = score_fn(state_pairs)
     by_task, tasks = {}, {}
     for (t, a), r in zip(state_pairs, results):
@@ -257,7 +288,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
                 continue
             gain = result_reward(r1) - result_reward(r0)
             if t["id"] not in best or gain > best[t["id"]][0]:
-                best[t["id"]] = (gain, refine_row(t, a0, r0, a1, r1, kind, stage))
+                best[t["id"]] = (gain, refine_row(t, a0, r0, a1, r1, kind, stage, answer_mode))
             if r1.get("overall_pct") is not None and r1["overall_pct"] < 100.0:
                 nxt.append((t, a1, r1))
         cur = nxt
@@ -268,32 +299,35 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     return rows, stats
 
 
-def build_stage1(tasks, teacher, stage0_rows, score_fn=None, workers=None, seed=0, fail_fraction=0.3, rounds=2):
+def build_stage1(tasks, teacher, stage0_rows, score_fn=None, workers=None, seed=0, fail_fraction=0.3, rounds=2,
+                 answer_mode="testbench"):
     """Stage 0 rows + refinement rows from the template state policy (weak and broken testbenches)."""
-    pairs = state_policy_runs(tasks, fail_fraction=fail_fraction, seed=seed)
-    rows, stats = build_refine_rows(pairs, teacher, 1, score_fn, workers, rounds)
+    pairs = state_policy_runs(tasks, fail_fraction=fail_fraction, seed=seed, answer_mode=answer_mode)
+    rows, stats = build_refine_rows(pairs, teacher, 1, score_fn, workers, rounds, answer_mode)
     return stage0_rows + rows, stats
 
 
-def build_stage2(tasks, teacher, stage1_rows, states_fn, score_fn=None, workers=None, rounds=1):
+def build_stage2(tasks, teacher, stage1_rows, states_fn, score_fn=None, workers=None, rounds=1,
+                 answer_mode="testbench"):
     """Stage 1 rows + refinement rows whose states come from `states_fn(tasks) -> [(task, answer)]`
     (a model's own rollouts, e.g. model_states_fn(stage-1 model)); labels come from the teacher.
     Rollouts that do not parse are parse-failure states (rows of kind refine_parse)."""
     t0 = time.time()
     pairs = list(states_fn(tasks))
     t1 = time.time()
-    rows, stats = build_refine_rows(pairs, teacher, 2, score_fn, workers, rounds)
+    rows, stats = build_refine_rows(pairs, teacher, 2, score_fn, workers, rounds, answer_mode)
     stats["states_fn_s"] = round(t1 - t0, 1)
     return stage1_rows + rows, stats
 
 
 def model_states_fn(model, tok, *, n=2, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0,
-                    adapter_name=None, batch_size=64):
+                    adapter_name=None, batch_size=64, answer_mode="testbench"):
     """The states_fn of build_stage2 for a model: its direct rollouts (n per task, common.generate on
-    common.build_messages, with the adapter active on the model or `adapter_name`).
+    harness.first_messages in `answer_mode`, with the adapter active on the model or `adapter_name`).
     Returns states_fn(tasks) -> [(task, answer_text)], n pairs per task in task order."""
     policy = teacher_mod.HFTeacher(model, tok, max_new_tokens=max_new_tokens, temperature=temperature,
-                                   top_p=top_p, seed=seed, adapter_name=adapter_name, batch_size=batch_size)
+                                   top_p=top_p, seed=seed, adapter_name=adapter_name, batch_size=batch_size,
+                                   mode=answer_mode)
 
     def states_fn(tasks):
         answers = policy.direct(tasks, n)
@@ -318,7 +352,7 @@ def write_jsonl(path, rows):
 
 
 def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
-              states_fn=None, stage2_rounds=None, extra_info=None):
+              states_fn=None, stage2_rounds=None, extra_info=None, answer_mode="testbench"):
     """Stages 0 and 1 (and stage 2 when `states_fn` is given) into out_dir: stage0.jsonl, stage1.jsonl,
     [stage2.jsonl], build_info.json, then result.json and done.json (rundir.py's run folder). Returns the
     info: {tasks, config, stage0/1/2 stats, sizes (rows per stage), sizes_by_kind (rows per stage and kind),
@@ -328,28 +362,30 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "done.json").unlink(missing_ok=True)
     t0 = time.time()
-    s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers)
+    s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers, answer_mode)
     t1 = time.time()
     print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)"
           + (f"; skipped {st0['skipped_teacher']} the teacher cannot drive: {st0['skipped_by_reason']}"
              if st0["skipped_teacher"] else ""))
     all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
-    s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds)
+    s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds, answer_mode)
     t2 = time.time()
     print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
           f"from {st1['states']} states ({t2 - t1:.0f} s)")
     write_jsonl(out_dir / "stage0.jsonl", s0)
     write_jsonl(out_dir / "stage1.jsonl", s1)
     info = {"tasks": len(all_tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
-                                             "teacher": type(teacher).__name__},
+                                             "teacher": type(teacher).__name__, "answer_mode": answer_mode},
+            "answer_mode_fallbacks": harness.fallbacks(all_tasks, answer_mode),
             **(extra_info or {}),
             "stage0": st0, "stage1": st1, "sizes": {"stage0": len(s0), "stage1": len(s1)},
             "sizes_by_kind": {"stage0": kinds_of(s0), "stage1": kinds_of(s1)},
+            "distinct_stimuli": {"stage0": distinct_stimuli(s0), "stage1": distinct_stimuli(s1)},
             "seconds": {"stage0": round(t1 - t0, 1), "stage1": round(t2 - t1, 1)}}
     if states_fn is not None:
         r2 = rounds if stage2_rounds is None else stage2_rounds
         info["config"]["stage2_rounds"] = r2
-        s2, st2 = build_stage2(tasks, teacher, s1, states_fn, score_fn, workers, r2)
+        s2, st2 = build_stage2(tasks, teacher, s1, states_fn, score_fn, workers, r2, answer_mode)
         t3 = time.time()
         print(f"stage 2: {len(s2)} rows = {len(s1)} stage-1 + {st2['rows']} refinement {st2['kept_by_kind']} "
               f"from {st2['states']} states of {st2['runs']} model rollouts {st2['runs_by_status']} "
@@ -358,6 +394,7 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
         info["stage2"] = st2
         info["sizes"]["stage2"] = len(s2)
         info["sizes_by_kind"]["stage2"] = kinds_of(s2)
+        info["distinct_stimuli"]["stage2"] = distinct_stimuli(s2)
         info["seconds"]["stage2_rollouts"] = st2["states_fn_s"]
         info["seconds"]["stage2"] = round(t3 - t2, 1)
     info["seconds"]["total"] = round(time.time() - t0 + (extra_info or {}).get("seconds_before_build", 0.0), 1)
@@ -365,7 +402,9 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
         json.dump(info, f, indent=2)
     rundir.write_result(out_dir, info["config"], {"tasks": len(all_tasks), "seconds": info["seconds"]},
                         {"sizes": info["sizes"], "sizes_by_kind": info["sizes_by_kind"], "drivable_tasks": len(tasks),
-                         "skipped_by_reason": st0["skipped_by_reason"]})
+                         "skipped_by_reason": st0["skipped_by_reason"], "answer_mode": answer_mode,
+                         "answer_mode_fallbacks": len(info["answer_mode_fallbacks"]),
+                         "distinct_stimuli": info["distinct_stimuli"]})
     files = {k: f"{k}.jsonl" for k in info["sizes"]}
     rundir.write_done(out_dir, "data/build_sft.py", {**files, "info": "build_info.json", "result": "result.json"})
     return info
@@ -391,6 +430,8 @@ def main(argv=None):
                           "the dropped ids go to build_info.json")
     src.add_argument("--threshold", type=float, default=0.5, help="F1 threshold for --decontaminate")
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
+                    help="testbench: whole-testbench rows; stimulus: the kit's harness in the prompt, stimulus answers")
     ap.add_argument("--n", type=int, default=2, help="teacher tries per task for stage 0 (best kept)")
     ap.add_argument("--rounds", type=int, default=2, help="refinement rounds per stage-1 state")
     ap.add_argument("--fail-fraction", type=float, default=0.3, help="designs that also get a broken state")
@@ -441,27 +482,28 @@ def main(argv=None):
         if not tasks:
             sys.exit("error: no training task left after --decontaminate")
     if args.teacher_url:
-        teacher = teacher_mod.ChatTeacher(args.teacher_url, args.teacher_model)
+        teacher = teacher_mod.ChatTeacher(args.teacher_url, args.teacher_model, mode=args.answer_mode)
     elif args.teacher_hf:
         tm, tt = _load_model_and_adapter(args.teacher_hf, args.teacher_adapter, args.quant)
         teacher = teacher_mod.HFTeacher(tm, tt, max_new_tokens=args.teacher_max_new_tokens, temperature=0.7,
-                                        top_p=0.8, seed=args.seed)
+                                        top_p=0.8, seed=args.seed, mode=args.answer_mode)
     else:
-        teacher = teacher_mod.TemplateTeacher(args.level, args.seed)
+        teacher = teacher_mod.TemplateTeacher(args.level, args.seed, mode=args.answer_mode)
     states_fn = None
     if args.stage2_model or args.stage2_adapter:   # no --stage2-model: the bundled SmolLM2
         sm, st = _load_model_and_adapter(args.stage2_model, args.stage2_adapter, args.quant)
         states_fn = model_states_fn(sm, st, n=args.stage2_n, max_new_tokens=args.stage2_max_new_tokens,
-                                    temperature=args.stage2_temperature, top_p=args.stage2_top_p, seed=args.seed)
+                                    temperature=args.stage2_temperature, top_p=args.stage2_top_p, seed=args.seed,
+                                    answer_mode=args.answer_mode)
         extra["stage2_policy"] = {"model": args.stage2_model, "adapter": args.stage2_adapter,
                                   "n": args.stage2_n, "max_new_tokens": args.stage2_max_new_tokens,
                                   "temperature": args.stage2_temperature, "top_p": args.stage2_top_p}
     extra["seconds_before_build"] = round(time.time() - t_start, 1)
     print(f"build_sft: {len(tasks)} tasks, teacher {type(teacher).__name__}, n={args.n}, rounds={args.rounds}, "
-          f"fail_fraction={args.fail_fraction}, stage 2: {'yes' if states_fn else 'no'}, "
+          f"fail_fraction={args.fail_fraction}, answer mode {args.answer_mode}, stage 2: {'yes' if states_fn else 'no'}, "
           f"workers={args.workers or 'all cores'} -> {args.out}")
     info = build_all(tasks, args.out, teacher, args.n, args.workers, args.seed, args.fail_fraction, args.rounds,
-                     states_fn=states_fn, stage2_rounds=args.stage2_rounds, extra_info=extra)
+                     states_fn=states_fn, stage2_rounds=args.stage2_rounds, extra_info=extra, answer_mode=args.answer_mode)
     print(f"sizes {info['sizes']}, by kind {info['sizes_by_kind']}, {info['seconds']['total']} s "
           f"-> {Path(args.out) / 'build_info.json'}")
     return info

@@ -428,7 +428,7 @@ def refine(task, answer_text, result, seed=0):
 
     - compile/reject/no-coverage failures: fall back to a fresh strong template;
     - wrong instance name (`no_dut_instance`): rename the instance in place;
-    - timeout / output limit: fall back to the medium template (short);
+    - timeout / simulated-time limit / output limit: fall back to the medium template (short);
     - ok: insert phases before `$finish` that target the uncovered items (toggle the missing input
       bits both ways, pulse the reset, sweep or drive the inputs in uncovered conditions with their
       constants, hold expression rows, long runs for deep counters/FSM states).
@@ -446,7 +446,7 @@ def refine(task, answer_text, result, seed=0):
         if fixed != code:
             return common.render_answer(fname, fixed)
         return template_answer(task, "strong", seed)
-    if status in ("timeout", "output_limit"):
+    if status in ("timeout", "sim_time_limit", "output_limit"):
         return template_answer(task, "medium", seed)
     if status != "ok":
         return template_answer(task, "strong", seed)
@@ -497,7 +497,7 @@ def corrupt(task, answer_text, kind, seed=0):
 # Stimulus-mode answers (answer_mode "stimulus": harness.py writes the harness, the teacher the stimulus)
 # ----------------------------------------------------------------------------------------------
 
-ANSWER_MODES = ("testbench", "stimulus")
+ANSWER_MODES = harness.ANSWER_MODES
 FLOOR_LEVEL, CEILING_LEVEL = "minimal", "strong"    # the results table's floor and ceiling stimulus
 
 
@@ -530,12 +530,13 @@ def refine_stimulus(task, answer_text, result, seed=0):
     """The teacher's improved stimulus for one state (stimulus answer + the scorer's result of the
     assembled testbench): on ok, the given stimulus with phases appended that target the uncovered
     items (as `refine` does for testbenches, in the harness's vocabulary); a parse failure, a rejected
-    or failing stimulus gets the strong template; a timeout or output limit the medium one."""
+    or failing stimulus gets the strong template; a timeout, simulated-time limit or output limit the
+    medium one."""
     info = analyze_dut(task)
     st = harness.parse_stimulus(answer_text)
     res = _as_dict(result)
     status = res.get("status")
-    if status in ("timeout", "output_limit"):
+    if status in ("timeout", "sim_time_limit", "output_limit"):
         return stimulus_answer(task, "medium", seed)
     if st.reason != "ok" or status != "ok":
         return stimulus_answer(task, "strong", seed)
@@ -571,21 +572,10 @@ def corrupt_stimulus(task, answer_text, kind, seed=0):
     return harness.render_stimulus("\n".join(lines))
 
 
-def _first_messages(task, mode):
-    return harness.stimulus_messages(task, harness.make_harness(task)) if mode == "stimulus" \
-        else common.build_messages(task)
-
-
-def _refine_state(task, answer_text, result, mode):
-    if mode == "stimulus":
-        return harness.stimulus_refine_messages(task, harness.make_harness(task), answer_text, result)
-    return common.refine_messages(task, answer_text, result)
-
-
-def _check_mode(mode):
-    if mode not in ANSWER_MODES:
-        raise ValueError(f"unknown answer mode {mode!r}; choose from {', '.join(ANSWER_MODES)}")
-    return mode
+# the mode's prompts (harness.py's dispatch: a design the kit cannot harness is answered in testbench mode)
+_first_messages = harness.first_messages
+_refine_state = harness.refine_state_messages
+_check_mode = harness.check_mode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -606,12 +596,12 @@ class TemplateTeacher:
         self.level, self.seed, self.mode = level, seed, _check_mode(mode)
 
     def direct(self, tasks, n=1):
-        make = stimulus_answer if self.mode == "stimulus" else template_answer
-        return [[make(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
+        make = lambda t: stimulus_answer if harness.task_mode(t, self.mode) == "stimulus" else template_answer
+        return [[make(t)(t, self.level, self.seed + i) for i in range(n)] for t in tasks]
 
     def refine(self, states):
-        fix = refine_stimulus if self.mode == "stimulus" else refine
-        return [fix(t, a, r, self.seed) for t, a, r in states]
+        fix = lambda t: refine_stimulus if harness.task_mode(t, self.mode) == "stimulus" else refine
+        return [fix(t)(t, a, r, self.seed) for t, a, r in states]
 
 
 class HFTeacher:
