@@ -361,12 +361,14 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     try:
         while True:
             last_step = step == args.steps
+            t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                              {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
                 break
             # ---------------------------------------------------------------- rollouts and the gate
             t0 = time.perf_counter()
+            t_ckpt = t0 - t_ckpt                # the checkpoint / plot written before this step
             groups, _, cursor, timings = onpolicy.collect_groups(
                 source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed)
@@ -402,6 +404,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                     adv, sums = dist.gather_lists(adv), dist.all_sum(sums)
                     rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
                     kl = {k: kl[k] + sums[k] for k in kl}
+            t_adv = time.perf_counter() - t1    # teacher log-probs on the student's samples (the OPD advantages)
             torch.manual_seed(onpolicy.derive_seed(args.seed, "train", step))
             if rows:   # RL and OPD tokens are token-averaged separately, then summed (norm_groups)
                 stats = train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
@@ -417,7 +420,9 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                    **({f"opd/{k}": kl[k] / kl["tokens"] for k in ("log_ratio", "b", "advantage")} if kl["tokens"] else {}),
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
                    "t_gen": timings["t_gen"] + t_timings["t_gen"], "t_sim": timings["t_sim"] + t_timings["t_sim"],
-                   "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
+                   **{k: v for k, v in timings.items() if k.startswith("t_") and k not in ("t_gen", "t_sim")},
+                   "t_teacher_gen": t_timings["t_gen"], "t_teacher_sim": t_timings["t_sim"], "t_adv": t_adv,
+                   "t_ckpt": t_ckpt, "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
             log.append(row)
             rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"

@@ -17,6 +17,7 @@ Sections:
 import dataclasses
 import math
 import sys
+import time
 import warnings
 
 import torch
@@ -474,6 +475,16 @@ def _gqa_works(slot, m, B):
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
+# Seconds spent so far, summed over calls (the RL/OPD step breakdown reads the difference around a call):
+# pack = folding the current weights into the packed copy, prefill, capture = CUDA-graph captures,
+# decode = the decode loop without its captures. On CUDA each boundary synchronises (a few per call).
+STATS = {"pack_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0}
+
+
+def _clock(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _row_bucket(n):
@@ -598,7 +609,9 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
                                  or not all(1 <= x <= max_new_tokens for x in max_lens)):
         raise ValueError(f"max_lens: one cap in 1..{max_new_tokens} per prompt")
     device = next(model.parameters()).device
+    t0 = _clock(device)
     st = _fast_state(model)
+    STATS["pack_s"] += _clock(device) - t0
     use_graphs = device.type == "cuda" if graphs is None else graphs
     eos, ticks = stop_sets(model, tok)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -670,8 +683,12 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
     sampling = temperature > 0
     n_max = max_new_tokens if caps is None else max(caps)
     check = not ignore_stop or caps is not None
+    t_start = _clock(device)
+    capture_s = 0.0
     with torch.no_grad():
         logits = _prefill_shared(st, slot, batch, ids, pad, device)
+        t_prefilled = _clock(device)
+        STATS["prefill_s"] += t_prefilled - t_start
         if record is not None:
             record.append(logits.clone())
         if sampling:
@@ -700,8 +717,10 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
             rows = view["tok"].shape[0]
             gkey = (rows, Lb, temperature, top_p)
             if use_graphs and gkey not in slot["graphs"]:
+                t_cap = time.perf_counter()
                 try:
                     slot["graphs"][gkey] = _capture(st, view, Lb, temperature, top_p)
+                    capture_s += time.perf_counter() - t_cap
                 except RuntimeError as e:   # never lose a generation to a capture failure: run eagerly
                     print(f"[fastgen] CUDA graph capture failed ({str(e)[:120]}); fast path continues "
                           "without graphs for this batch", file=sys.stderr)
@@ -742,6 +761,8 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                         draws = torch.empty(B, slot["noise"].shape[1], device=device)
                     moved = True
         rows_ids = tokens[:, :n].tolist()
+    STATS["capture_s"] += capture_s
+    STATS["decode_s"] += time.perf_counter() - t_prefilled - capture_s
     caps = caps or [max_new_tokens] * B
     return [cut_completion(tok, p, rows_ids[b][:caps[b]], eos, ticks, caps[b], ignore_stop)
             for b, p in enumerate(batch)]

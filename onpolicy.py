@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 import common
 import dist
+import fastgen
 import harness
 import sim
 
@@ -210,7 +211,8 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
     G = num_generations
     chunks = [list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size)]
     pending = {}                                   # (task position, round) -> [(Sample, wait)]
-    timings = {"t_gen": 0.0, "t_sim": 0.0}
+    timings = {"t_gen": 0.0, "t_sim": 0.0, **{f"t_gen_r{r}": 0.0 for r in range(1, rounds + 1)},
+               **{f"t_{k[:-2]}": 0.0 for k in fastgen.STATS}}   # t_pack, t_prefill, t_capture, t_decode
 
     def launch(chunk, rnd):
         messages_list = []
@@ -221,9 +223,13 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                 worst = worst_sample(finish(t, rnd - 1))
                 msgs = refine_fn(tasks[t], worst.text, feedback_result(worst.score.result))
             messages_list += [msgs] * G
-        t0 = time.perf_counter()
+        t0, fast0 = time.perf_counter(), dict(fastgen.STATS)
         completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]))
-        timings["t_gen"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        timings["t_gen"] += dt
+        timings[f"t_gen_r{rnd}"] += dt
+        for k, v in fastgen.STATS.items():         # the fast decoder's share (0 on the HF path)
+            timings[f"t_{k[:-2]}"] += v - fast0[k]
         for j, t in enumerate(chunk):
             entry = []
             for c, msgs in zip(completions[j * G:(j + 1) * G], messages_list[j * G:(j + 1) * G]):
@@ -366,8 +372,8 @@ def collect_groups(source, model, tok, tasks, *, step, cursor, prompts_per_step,
         mine = source(model, tok, batch[lo:hi], step=step, first_index=first + lo) if hi > lo or n == 0 else ([], {})
         parts = dist.gather(mine)
         groups = [g for gs, _ in parts for g in gs]
-        for k in timings:                   # the slowest rank sets the wall time
-            timings[k] += max(t.get(k, 0.0) for _, t in parts)
+        for k in {k for _, t in parts for k in t if k.startswith("t_")}:   # the slowest rank sets the time
+            timings[k] = timings.get(k, 0.0) + max(t.get(k, 0.0) for _, t in parts)
         for g in groups:
             for s in g.samples:
                 s.reward = s.score.reward + overlong_penalty(len(s.completion_ids), max_len, buffer)

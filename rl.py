@@ -156,6 +156,9 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
     totals = {"loss": 0.0, "clip_ratio/low": 0.0, "clip_ratio/high": 0.0, "ratio": 0.0,
               "entropy": 0.0, "kl": 0.0, "num_tokens": 0}
     grad_norms, skipped = [], 0
+    clock = (lambda: (torch.cuda.synchronize(device), time.perf_counter())[1]) if device.type == "cuda" \
+        else time.perf_counter                   # the step's time breakdown (t_logp_old, t_fwd_bwd, t_opt)
+    times = {"t_logp_old": 0.0, "t_fwd_bwd": 0.0, "t_opt": 0.0}
     model.train()
 
     # Old log-probs, recomputed here. With one optimizer step per batch they equal the new ones
@@ -164,6 +167,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
     per_step = math.ceil(n_rows / steps_per_generation) if n_rows else 0
     minis = [order[s * per_step:(s + 1) * per_step] for s in range(steps_per_generation)]
     old = None
+    t0 = clock()
     if steps_per_generation > 1:
         old = [None] * n_rows
         mine = [i for mini in minis for i in dist.shard(mini)]       # the rows this rank trains on
@@ -173,6 +177,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
                                       pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
                 for k, j in enumerate(mb):
                     old[mine[j]] = out.logps[k, :len(rows[mine[j]].completion_ids)]
+    times["t_logp_old"] = clock() - t0
 
     for mini in minis:
         if not mini:
@@ -183,6 +188,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
             counts[norm_groups[i]] = counts.get(norm_groups[i], 0) + len(rows[i].completion_ids)
         optimizer.zero_grad(set_to_none=True)
         all_zero = beta == 0.0 and all(bool((adv_rows[i] == 0).all()) for i in mini)
+        t0 = clock()
         if not all_zero:   # all-zero advantages give an exactly zero gradient: skip the passes
             local = dist.shard(mini)                  # the whole mini-batch for one process
             for mb in micro_batches([rows[i] for i in local], max_tokens_per_micro):
@@ -218,9 +224,12 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
             skipped += 1
             grad_norms.append(0.0)
             continue
+        t1 = clock()
+        times["t_fwd_bwd"] += t1 - t0
         dist.sync_grads(params)           # sum over the ranks (the loss already divides by the global count)
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
+        times["t_opt"] += clock() - t1
     totals = dist.all_sum(totals)
     totals["num_tokens"] = int(totals["num_tokens"])
     n = max(totals["num_tokens"], 1)
@@ -230,6 +239,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
             stats[k] = float("nan")
     stats["grad_norm"] = max(grad_norms) if grad_norms else 0.0
     stats["skipped"] = skipped        # mini-batches whose advantages were all zero: no optimizer step
+    stats.update(times)
     return stats
 
 
@@ -356,12 +366,14 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     try:
         while True:
             last_step = step == args.steps
+            t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                                  {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
                 break
             # ---------------------------------------------------------------- one RL step
             t0 = time.perf_counter()
+            t_ckpt = t0 - t_ckpt                # the checkpoint / plot written before this step
             groups, all_groups, cursor, timings = collect_groups(
                 source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed, dynamic_sampling=args.dynamic_sampling,
@@ -384,7 +396,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             row = {"step": step + 1, **rollout_metrics(all_groups), "groups": len(groups),
                    "extra_prompts": timings["extra_prompts"], "unused_prompts": timings["unused_prompts"],
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
-                   "t_gen": timings["t_gen"], "t_sim": timings["t_sim"],
+                   **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": t_ckpt,
                    "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
             log.append(row)
             rundir.append_log(log_path, row)
