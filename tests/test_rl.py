@@ -189,7 +189,9 @@ def test_two_round_rollouts_structure_and_pipeline_order():
         (10, "t0", 1), (10, "t0", 2), (11, "t1", 1), (11, "t1", 2), (12, "t2", 1), (12, "t2", 2)]
     assert all(len(g.samples) == 4 for g in groups)
     assert groups[0].rewards == [1.5, 0.0, 0.0, 1.2]
-    assert set(timings) == {"t_gen", "t_sim"}
+    assert set(timings) == {"t_gen", "t_sim", "t_gen_r1", "t_gen_r2", "t_pack", "t_prefill", "t_capture", "t_decode"}
+    assert timings["t_gen"] == pytest.approx(timings["t_gen_r1"] + timings["t_gen_r2"])   # the rounds split t_gen
+    assert timings["t_prefill"] == timings["t_decode"] == 0.0                          # scripted: no decoder ran
 
 
 def _fixed_source(reward_table):
