@@ -1,4 +1,4 @@
-"""Reward-gated multi-teacher on-policy distillation (OPD), the CHORUS main method (method.md §6).
+"""Reward-gated multi-teacher on-policy distillation (OPD), the CHORUS main method (docs/method.md §6).
 
     python distill.py --model M --student best --val-metrics s0.json s1.json s2.json \
         --teachers runs/rl0/adapter runs/rl1/adapter runs/rl2/adapter --tasks TASKS.jsonl --out runs/opd

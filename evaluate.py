@@ -6,7 +6,7 @@ everyday `generate` command. Every later stage reports its numbers through this 
     python evaluate.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
 (`python chorus_mini.py eval|compare|generate ...` are the same commands.)
 
-The loop (method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, default 3):
+The loop (docs/method.md §1.6), per task and sample, rounds r = 0..R (R = --rounds, default 3):
 1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
@@ -26,7 +26,7 @@ shows the kit's harness, the model writes the stimulus, the kit assembles and sc
 refinement feedback names the stimulus's own lines). A design the kit cannot harness is answered in
 testbench mode (metrics: answer_mode_fallbacks); each sample records the mode it was answered in.
 
-Metrics (method.md §2.3), all in percent, over tasks (each task weighs the same):
+Metrics (docs/method.md §2.3), all in percent, over tasks (each task weighs the same):
 - Pass@k: unbiased estimator 1 - C(n-c, k)/C(n, k) per task (c = passing samples); Pass@n = any pass.
 - Cov@1: mean over samples of the best overall coverage (a failed simulation counts as 0);
   Cov@k: expected max over k of the n samples (Cov@n = max).
@@ -78,7 +78,7 @@ def syn_ok(result):
 
 
 def coverage(result):
-    """Overall coverage in percent; anything but a clean run counts as 0 (method.md §2.2)."""
+    """Overall coverage in percent; anything but a clean run counts as 0 (docs/method.md §2.2)."""
     return result_key(result)[5]
 
 

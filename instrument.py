@@ -717,7 +717,7 @@ def _chains(ctx, sc, node, out, parent_kind=None):
 # --- scope end: FSM monitors, toggle monitors, the final block --------------------------------------------
 
 def _fsm(ctx, sc):
-    """Heuristic FSM extraction (coverage.md 3.5): case (X) with identifier labels + constant assignments
+    """Heuristic FSM extraction (docs/coverage.md §3.5): case (X) with identifier labels + constant assignments
     to X or its next-state variable. Returns monitor text; adds state/transition items."""
     by_var = {}
     for var, labels_all, line in sc.cases:

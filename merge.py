@@ -6,7 +6,7 @@
     python merge.py --method dare_ties --space delta --full --base MODEL_DIR --adapters A B C --out DIR
     python merge.py --method dare_ties --dare-norm mean --lam 0.5 --adapters A B C --out DIR
 
-Methods (CHORUS method.md §5; each is defined on task vectors delta_i and is one plain function below,
+Methods (docs/method.md §5; each is defined on task vectors delta_i and is one plain function below,
 applied per module to a list of tensors; METHODS maps the name to it):
   soup       weighted average: sum_i w_i delta_i (weights are relative: normalised to sum 1), times lam.
   ties       trim each delta to its top `density` fraction by magnitude (whole tensor), elect the sign of
@@ -43,7 +43,7 @@ is mergekit's `della` default (`normalize: true`); on one lineage it is ~1/densi
 mergekit's current DARE rescale is the ratio of the delta's L1 norms before and after the drop (older
 versions: 1/density exactly, as here and in peft): about 1/density on large tensors.
 
-Two spaces (docs: stack.md §3):
+Two spaces (docs/stack.md §3):
   --space adapter (default)  apply the method to the factors: all A_i together, all B_i together, per
       module, each adapter's scaling s_i folded in as sqrt(s_i) on both factors; lam goes on B only.
       Output: same rank r, scaling 1. Cheap, needs equal ranks. The product of averaged factors is NOT the

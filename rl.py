@@ -1,4 +1,4 @@
-"""Execution-guided RL (DAPO) on a LoRA adapter: turns one SFT checkpoint into an expert (method.md §4).
+"""Execution-guided RL (DAPO) on a LoRA adapter: turns one SFT checkpoint into an expert (docs/method.md §4).
 
     python rl.py --model M --adapter runs/sft0/adapter --tasks TASKS.jsonl --out runs/rl0 --profile small
     python rl.py --model tiny --tasks TASKS.jsonl --out /tmp/rl --steps 2      # CPU smoke run
@@ -250,7 +250,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
 # Profiles: the values an option takes when its flag is not given on the command line.
 
 PROFILES = {
-    # The paper's RL objective: no dynamic sampling, no overlong shaping, no KL (method.md §4.5).
+    # The paper's RL objective: no dynamic sampling, no overlong shaping, no KL (docs/method.md §4.5).
     "paper": {"dynamic_sampling": False, "overlong_buffer": 0, "kl_beta": 0.0, "max_new_tokens": 16384},
     # Small runs: a weak model produces many all-zero groups, so dynamic sampling refills them.
     "small": {"dynamic_sampling": True, "overlong_buffer": 0, "kl_beta": 0.0, "max_new_tokens": 1024},

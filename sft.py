@@ -1,4 +1,4 @@
-"""Staged LoRA SFT: one LLM4Cov SFT stage per run (method.md §3).
+"""Staged LoRA SFT: one LLM4Cov SFT stage per run (docs/method.md §3).
 
     python sft.py --model MODEL --data stage0.jsonl --out runs/sft0
     python sft.py --model MODEL --data stage1.jsonl --out runs/sft1 --init-adapter runs/sft0/adapter
@@ -13,7 +13,7 @@ What one stage does, in order:
 3. Start the LoRA adapter: fresh (common.add_lora) for stage 0, or the previous stage's adapter
    (--init-adapter) so that stages are progressive, as in the paper.
 4. Train: AdamW, cosine LR with linear warmup (ratio 0.03), gradient accumulation, grad-norm clip 1.0,
-   bf16 autocast on CUDA (LoRA weights kept in fp32), fp32 on CPU (stack.md §1.1: bf16 is ~30x slower
+   bf16 autocast on CUDA (LoRA weights kept in fp32), fp32 on CPU (docs/stack.md §1.1: bf16 is ~30x slower
    there). The loss is the mean over all target tokens of one optimizer step (token-level, so long and
    short targets weigh by their tokens, not per row).
 5. Write into --out: adapter/ (standard peft folder, bf16 tensors, via common.save_adapter),
@@ -21,7 +21,7 @@ What one stage does, in order:
    weights, optimizer, scheduler, RNG states, config and rows used; for --resume), log.jsonl (one line
    per optimizer step), curves.png, result.json (config / setup / outcome) and, last, done.json.
 
-Deviations from the paper (§3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
+Deviations from the paper (docs/method.md §3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
 than 1e-5; the cutoff is 4096 tokens rather than 40960.
 
 Several processes (`accelerate launch --multi_gpu --num_processes N sft.py ...`, dist.py): the rows of

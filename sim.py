@@ -17,7 +17,7 @@ How it works (three layers, each testable alone):
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
      below it (generate blocks, submodules), and computes metrics -> `SimResult`.
 
-Metrics (metric_def_version 1; coverage.md "Metric definitions"): block, branch, expression (n+1 rows per
+Metrics (metric_def_version 1; docs/coverage.md "Metric definitions"): block, branch, expression (n+1 rows per
 &&/|| chain), toggle (bit covered iff 0->1 and 1->0 seen between END-OF-TIMESTEP values, as in a VCD, so
 zero-time glitches never count; the time-0 value is the starting value; X/Z transitions don't count),
 fsm (heuristic states + S->T transitions). overall_pct = mean over block, expression, toggle, fsm with
@@ -969,7 +969,7 @@ def _simulate(job, cfg, res, t0):
 
 
 def reward(result):
-    """RL reward: 1 + overall/100 when the run is ok and has coverage, else 0 (method.md: R in {0} U [1,2])."""
+    """RL reward: 1 + overall/100 when the run is ok and has coverage, else 0 (docs/method.md §4.3: R in {0} U [1,2])."""
     if result.status == OK and result.overall_pct is not None:
         return 1.0 + result.overall_pct / 100.0
     return 0.0

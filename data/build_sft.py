@@ -1,4 +1,4 @@
-"""Staged SFT data (LLM4Cov, method.md §3.3), execution-validated with sim.py.
+"""Staged SFT data (LLM4Cov, docs/method.md §3.3), execution-validated with sim.py.
 
 Stages (each file is the whole mixture of its stage, so stage k trains on stagek.jsonl):
   stage 0  direct rows: prompt -> the best of N teacher testbenches; kept only if it ran with coverage.
@@ -113,7 +113,7 @@ def improvement(before, after):
 
 
 def select_states(runs):
-    """Worst-first states of one design from its runs [(answer, result)] (method.md §3.3 step 5).
+    """Worst-first states of one design from its runs [(answer, result)] (docs/method.md §3.3 step 5).
 
     Returns [(answer, result, tag)]: tag "fail" = the first run without coverage; "worst" = the
     lowest-coverage run below 100 % (always kept); "median" only if median - worst > 0.1 (fraction).

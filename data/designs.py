@@ -1757,7 +1757,7 @@ def reference_testbench(d, inst, seed=1, phases=60, max_len=300):
 
 
 def instance_name(task_id, top):
-    """dut / uut / inst_<top>, chosen by a hash of the id (method.md §1.2)."""
+    """dut / uut / inst_<top>, chosen by a hash of the id (docs/method.md §1.2)."""
     r = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2 ** 32
     return "dut" if r < 0.33 else ("uut" if r < 0.66 else f"inst_{top}")
 

@@ -1,4 +1,4 @@
-"""Teachers that write execution-validated stimulus testbenches for the SFT data (method.md §3.3).
+"""Teachers that write execution-validated stimulus testbenches for the SFT data (docs/method.md §3.3).
 
 Two teachers share one interface (`Teacher` below):
 - `TemplateTeacher`: rule based, no model. It reads the DUT's ports with pyslang (clock and reset
