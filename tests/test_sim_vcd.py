@@ -1,5 +1,5 @@
 """Cross-check: the scorer's toggle result (both backends: in-HDL monitors and the VPI module) agrees bit for
-bit with an independent count taken from a VCD of tb.uut, dumped from the UN-instrumented design on the same testbench (coverage.md 3.3).
+bit with an independent count taken from a VCD of tb.uut, dumped from the UN-instrumented design on the same testbench (docs/coverage.md §3.3).
 
 The reference rules: the value at the end of time 0 is the starting value; a bit is covered iff it rose
 0->1 and fell 1->0 between end-of-timestep values; transitions from/to x or z don't count. (The designs here
