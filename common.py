@@ -198,30 +198,36 @@ _PARSE_INSTRUCTION = {
 }
 
 
-def feedback_message(result):
+def feedback_message(result, *, kind="file", requirements=None, instructions=None, parse_instructions=None):
     """The follow-up user message for one scored answer (docs/method.md §1.6), three parts:
     'Response parse result:', 'EDA result:' (status, stage compile|simulate|success, then the log or
     the coverage detail from sim.format_feedback), 'Instruction for next round:' + output rules.
 
-    result: a sim.SimResult or its dict; or an Answer whose reason is no_code/truncated (nothing was
-    simulated: a parse failure); None counts as a parse failure with no code."""
-    if result is None or isinstance(result, Answer):
-        why = result.reason if isinstance(result, Answer) else "no_code"
-        if why not in _PARSE_INSTRUCTION:
-            raise ValueError(f"feedback_message: an Answer with reason {why!r} should be simulated first")
+    result: a sim.SimResult or its dict; or a parsed answer (Answer, or harness.Stimulus) whose reason is
+    no_code/truncated (nothing was simulated: a parse failure); None counts as a parse failure with no code.
+    kind, requirements, instructions ({stage: text}), parse_instructions ({reason: text}): the answer type
+    named in the message, the rules that end it and the next-round instructions (stimulus mode passes its
+    own; default: whole testbench files, OUTPUT_REQUIREMENTS and the testbench instructions)."""
+    requirements = OUTPUT_REQUIREMENTS if requirements is None else requirements
+    instructions = instructions or _INSTRUCTION
+    parse_instructions = parse_instructions or _PARSE_INSTRUCTION
+    if result is None or (not isinstance(result, (dict, sim.SimResult)) and hasattr(result, "reason")):
+        why = "no_code" if result is None else result.reason
+        if why not in parse_instructions:
+            raise ValueError(f"feedback_message: an answer with reason {why!r} should be simulated first")
         detail = "no code block found" if why == "no_code" else "the code block is not closed (output cut off)"
-        return ("Response parse result:\n- status: failed\n- type: file\n- reason: " + detail + "\n\n"
+        return (f"Response parse result:\n- status: failed\n- type: {kind}\n- reason: " + detail + "\n\n"
                 "EDA result:\n- status: not_run\n- stage: parse\n\n"
-                "Instruction for next round:\n" + _PARSE_INSTRUCTION[why] + "\n\n" + OUTPUT_REQUIREMENTS)
+                "Instruction for next round:\n" + parse_instructions[why] + "\n\n" + requirements)
     if isinstance(result, dict):
         result = sim.SimResult.from_dict(result)
     status = result.status
     stage = _STAGE.get(status, "simulate")
     detail = sim.format_feedback(result).strip()
     body = f"- coverage:\n{detail}" if stage == "success" else f"- log:\n{detail}"
-    return ("Response parse result:\n- status: success\n- type: file\n\n"
+    return (f"Response parse result:\n- status: success\n- type: {kind}\n\n"
             f"EDA result:\n- status: {status}\n- stage: {stage}\n{body}\n\n"
-            "Instruction for next round:\n" + _INSTRUCTION[stage] + "\n\n" + OUTPUT_REQUIREMENTS)
+            "Instruction for next round:\n" + instructions[stage] + "\n\n" + requirements)
 
 
 def refine_messages(task, answer_text, result):

@@ -477,7 +477,6 @@ def stimulus_messages(task, harness):
     return [{"role": "system", "content": STIMULUS_SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-_STAGE = {"ok": "success", "compile_error": "compile", "rejected": "compile", "no_dut_instance": "compile"}
 _INSTRUCTION = {
     "compile": "Fix the stimulus: line numbers above count the lines of your stimulus.",
     "simulate": "Fix the simulation failure by editing the stimulus.",
@@ -490,28 +489,16 @@ _PARSE_INSTRUCTION = {
 
 
 def stimulus_feedback(result, line_map=None):
-    """The follow-up user message for one scored stimulus, in common.feedback_message's three parts.
+    """The follow-up user message for one scored stimulus: common.feedback_message in stimulus words.
 
     result: the scorer's result of the assembled testbench (SimResult or dict; mapped with line_map when
-    given), a rejected_result dict, or a Stimulus whose reason is no_code/truncated / None (a parse
-    failure: nothing was simulated)."""
-    if result is None or isinstance(result, Stimulus):
-        why = result.reason if isinstance(result, Stimulus) else "no_code"
-        if why not in _PARSE_INSTRUCTION:
-            raise ValueError(f"stimulus_feedback: a Stimulus with reason {why!r} should be simulated first")
-        detail = "no code block found" if why == "no_code" else "the code block is not closed (output cut off)"
-        return ("Response parse result:\n- status: failed\n- type: stimulus\n- reason: " + detail + "\n\n"
-                "EDA result:\n- status: not_run\n- stage: parse\n\n"
-                "Instruction for next round:\n" + _PARSE_INSTRUCTION[why] + "\n\n" + STIMULUS_REQUIREMENTS)
-    d = map_result(result, line_map) if line_map is not None else (
-        result.to_dict() if hasattr(result, "to_dict") else dict(result))
-    r = sim.SimResult.from_dict(d)
-    stage = _STAGE.get(r.status, "simulate")
-    detail = sim.format_feedback(r).strip()
-    body = f"- coverage:\n{detail}" if stage == "success" else f"- log:\n{detail}"
-    return ("Response parse result:\n- status: success\n- type: stimulus\n\n"
-            f"EDA result:\n- status: {r.status}\n- stage: {stage}\n{body}\n\n"
-            "Instruction for next round:\n" + _INSTRUCTION[stage] + "\n\n" + STIMULUS_REQUIREMENTS)
+    given, so line numbers count the stimulus's own lines), a rejected_result dict, or a Stimulus whose
+    reason is no_code/truncated / None (a parse failure: nothing was simulated)."""
+    if result is not None and not isinstance(result, Stimulus):
+        result = map_result(result, line_map) if line_map is not None else (
+            result.to_dict() if hasattr(result, "to_dict") else dict(result))
+    return common.feedback_message(result, kind="stimulus", requirements=STIMULUS_REQUIREMENTS,
+                                   instructions=_INSTRUCTION, parse_instructions=_PARSE_INSTRUCTION)
 
 
 def stimulus_refine_messages(task, harness, answer_text, result):
