@@ -60,7 +60,11 @@ from harness import HarnessError, analyze_dut  # noqa: E402  (re-exported: calle
 LEVELS = ("minimal", "weak", "medium", "strong", "long")
 ICARUS_METRIC = "icarus_overall_average"
 EXHAUSTIVE_BITS = 12        # sweep every input combination when the data inputs total <= this
-MAX_DEEP_CYCLES = 65536     # cap on a refinement's long run (counters/FSMs), keeps sims < ~2 s
+# Cap on a refinement's long run (counters/FSMs). One long run is up to ~2.6 x this many clock periods of 10
+# time units (three phases: random bursts, sparse values, all-ones); two refinements on the strong template
+# must end inside the scorer's simulated-time limit (sim.SIM_TIME_LIMIT_DEFAULT, 1e6 units): 65536 took
+# 1.7e6, and 14 % of the testbench-mode stage-1 states of session 5 hit the limit.
+MAX_DEEP_CYCLES = sim.SIM_TIME_LIMIT_DEFAULT // (2 * 3 * 10)      # 16666 cycles
 CYCLE_BUDGET_CHARS = 4000   # RTL size (characters) up to which cycle counts are used as written; larger
                             # designs get proportionally fewer cycles (issue 16: 20 s timeouts)
 
