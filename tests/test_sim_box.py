@@ -38,8 +38,11 @@ def sandboxed_boxes():
 
 @pytest.fixture
 def box_used():
+    """Each test starts with no idle box in this process (earlier tests of a whole-suite run may have left
+    several: one per thread that simulated at the same time)."""
     if not sim.bwrap_usable():
         pytest.skip("bubblewrap unusable here: no sandbox, no box")
+    sim._close_boxes()
 
 
 @pytest.mark.needs_iverilog
