@@ -13,6 +13,7 @@ same update. Rank 0 alone writes files (rundir.py asks is_main()); the other ran
 One process (no WORLD_SIZE, or WORLD_SIZE=1) needs no process group: every function here is then a
 no-op or the identity, and accelerate is not even imported.
 """
+import atexit
 import os
 import sys
 
@@ -39,7 +40,15 @@ def init():
             raise RuntimeError(f"accelerate sees {_state.num_processes} processes, WORLD_SIZE is {world_size()}")
         if _state.process_index > 0:                  # one console: rank 0 speaks (errors still reach stderr)
             sys.stdout = open(os.devnull, "w")
+        atexit.register(shutdown)
     return _state
+
+
+def shutdown():
+    """Leave the process group (at exit: a process that ends with the group still up can abort in its
+    communication threads' destructors, 'terminate called without an active exception')."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()      # no barrier: a rank that failed must still exit
 
 
 def rank():

@@ -150,6 +150,7 @@ def worker(out):
         (out / "eval.json").write_text(json.dumps({"samples": samples, "num_tasks": metrics["num_tasks"],
                                                    "timing": metrics["timing"]}))
     print(f"rank {dist.rank()} of {dist.world()} done", file=sys.stderr)
+    dist.shutdown()
 
 
 # -----------------------------------------------------------------------------
