@@ -20,6 +20,7 @@ import rl
 import sim
 from data import build_sft
 from data import teacher as teacher_mod
+from test_rl import BAD_TB, GOOD_TB  # noqa: E402  (the and_gate testbenches test_rl scores)
 
 AND_RTL = "module and_gate(input a, input b, output y);\n  assign y = a & b;\nendmodule\n"
 AND_TASK = {"id": "am/and_gate", "spec_files": [], "rtl_files": [{"name": "and_gate.sv", "content": AND_RTL}],
@@ -30,18 +31,6 @@ AND_TASK = {"id": "am/and_gate", "spec_files": [], "rtl_files": [{"name": "and_g
 CLASH_RTL = "module clash(input step, input b, output y);\n  assign y = step ^ b;\nendmodule\n"
 CLASH_TASK = {**AND_TASK, "id": "am/clash", "rtl_files": [{"name": "clash.sv", "content": CLASH_RTL}],
               "dut_module_name": "clash"}
-GOOD_TB = """filename: tb_and.sv
-```systemverilog
-module tb;
-  reg a, b;
-  wire y;
-  and_gate dut(.a(a), .b(b), .y(y));
-  initial begin
-    a = 0; b = 0; #1 a = 1; #1 b = 1; #1 a = 0; #1 b = 0; #1 $finish;
-  end
-endmodule
-```"""
-BAD_TB = "filename: tb_and.sv\n```systemverilog\nmodule tb; this is not verilog\n```"
 GOOD_STIM = "```systemverilog\na = 1'b1;\nstep(1);\nb = 1'b1;\nstep(1);\na = 1'b0;\nb = 1'b0;\nstep(1);\n```"
 BAD_STIM = "```systemverilog\na = 1'b1;\nstep(1);\nb = 1'b1\nstep(2);\n```"      # line 3 lacks its ';'
 
