@@ -4,10 +4,10 @@
 #   PART=setup bash bench/gpu/small2_stage0.sh   # ~/stage: GGUF half 1, wheels, .debs (carry .stage/g1 .stage/s1)
 #   PART=a     bash bench/gpu/small2_stage0.sh   # stage-0 SFT in both answer modes (~4.5 min each on an H200)
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
-#   PART=b     bash bench/gpu/small2_stage0.sh   # RL step times (new code, old code), OPD step times
+#   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (session 6)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
-# timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b has not run yet.
+# timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b ran in session 6 from the committed adapters.
 #
 # The run folders come from the CPU box as .stage/data/{s2tb,s2st}.tgz (the `small` profile's data stage,
 # `python chorus_mini.py run --profile small --only data --out runs/s2tb`, and the same tasks built in stimulus
@@ -19,6 +19,7 @@ export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
 M=$S/smollm2.gguf
 SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl)
 step() { local name=$1 t=$2; shift 2; local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?;
+  [ $rc = 124 ] && pkill -9 -f '(sft|rl|distill|evaluate)\.py' 2>/dev/null   # the stage script under chorus_mini
   echo "== $name rc=$rc $(( $(date +%s) - t0 ))s"; tail -"${TAIL:-4}" "$OUT/$name.log" | cut -c1-300; }
 
 if [ "${PART:-}" = setup ]; then
@@ -49,22 +50,24 @@ if [ "${PART:-}" = e ]; then
 fi
 
 if [ "${PART:-}" = b ]; then
-  [ -d runs/s2tb/sft0/adapter ] || tar xzf .stage/adapters_a.tgz
-  # RL: the same adapter, tasks and settings (small profile: 8 prompts x G 4 x 2 rounds, 1280-token cap)
-  TAIL=3 step rl_after 200 python3 chorus_mini.py run --profile small --out runs/s2tb --only rl0 "${SETS[@]}" --set rl_steps=11 \
-      --set answer_mode=testbench
-  cp runs/s2tb/rl0/log.jsonl $OUT/rl_after_log.jsonl
-  TAIL=3 step opd 150 python3 distill.py --model $M --student runs/s2tb/sft0/adapter \
-      --teachers runs/s2tb/rl0/adapter runs/s2tb/sft0/adapter --tasks runs/s2tb/data/train_tasks.jsonl \
-      --out runs/s2tb/opd_t --steps 8 --prompts-per-step 8 --group-size 4 --rounds 2 --teacher-samples 1 \
-      --max-new-tokens 1280 --seed 42 --sim-workers 14 --gen-batch-size 256 --max-tokens-per-micro 16384 \
-      --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing
-  cp runs/s2tb/opd_t/log.jsonl $OUT/opd_log.jsonl
-  ( cd .stage/old && TAIL=3 step rl_before 200 python3 rl.py --model $M --adapter ../../runs/s2tb/sft0/adapter \
-      --tasks ../../runs/s2tb/data/train_tasks.jsonl --out ../../runs/s2tb/rl_before --profile small --steps 11 \
-      --prompts-per-step 8 --group-size 4 --rounds 2 --lr 5e-05 --max-extra-prompts 8 --max-new-tokens 1280 \
-      --seed 42 --sim-workers 14 --target-mode icarus --gen-batch-size 256 --max-tokens-per-micro 16384 \
-      --save-every 20 --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing )
-  cp runs/s2tb/rl_before/log.jsonl $OUT/rl_before_log.jsonl 2>/dev/null
+  # RL and OPD step times (issue 19) in both answer modes, from the committed stage-0 adapters (session 5):
+  # the small profile's settings (8 prompts x G 4 x 2 rounds, 1280-token cap), 11 RL steps, 8 OPD steps.
+  for m in testbench:s2tb stimulus:s2st; do mode=${m%%:*} r=${m##*:}
+    if [ ! -f runs/$r/sft0/done.json ]; then mkdir -p runs/$r/sft0/adapter
+      cp results/small2/adapters/sft0_$mode/* runs/$r/sft0/adapter/ && echo '{"note": "committed adapter"}' > runs/$r/sft0/done.json; fi
+  done
+  for m in testbench:s2tb:170 stimulus:s2st:130; do IFS=: read mode r t <<< "$m"
+    TAIL=3 step rl_$mode $t python3 chorus_mini.py run --profile small --out runs/$r --only rl0 "${SETS[@]}" \
+        --set rl_steps=11 --set answer_mode=$mode
+    cp runs/$r/rl0/log.jsonl $OUT/rl_${mode}_log.jsonl
+  done
+  for m in testbench:s2tb:130 stimulus:s2st:110; do IFS=: read mode r t <<< "$m"
+    TAIL=3 step opd_$mode $t python3 distill.py --model $M --student runs/$r/sft0/adapter \
+        --teachers $( [ -d runs/$r/rl0/adapter ] && echo runs/$r/rl0/adapter || echo runs/$r/sft0/adapter ) runs/$r/sft0/adapter --tasks runs/$r/data/train_tasks.jsonl \
+        --out runs/$r/opd_t --steps 8 --prompts-per-step 8 --group-size 4 --rounds 2 --teacher-samples 1 \
+        --max-new-tokens 1280 --seed 42 --sim-workers 14 --gen-batch-size 256 --max-tokens-per-micro 16384 \
+        --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing --answer-mode $mode
+    cp runs/$r/opd_t/log.jsonl $OUT/opd_${mode}_log.jsonl
+  done
 fi
 ls -la $OUT
