@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Session-5 GPU runs (issues 16, 17, 19) on one offline H200, in parts that fit the device tool's calls.
 #
-#   PART=setup bash bench/gpu/small2_stage0.sh   # ~/stage: GGUF half 1, wheels, .debs (carry .stage/g1 .stage/s1)
+#   PART=setup bash bench/gpu/small2_stage0.sh   # ~/stage: wheels, .debs (carry .stage/s1 and .stage/g1)
+#   PART=stash bash bench/gpu/small2_stage0.sh   # ~/stage: one more GGUF part (carry .stage/g2)
+# (the GGUF travels in three 33 MB parts .stage/g1-g3, `split -b 33000000`: with the 24.6 MB of tracked files a call
+# carries at most 64 MiB; the part that runs carries .stage/g3 and .stage/data)
 #   PART=a     bash bench/gpu/small2_stage0.sh   # stage-0 SFT in both answer modes (~4.5 min each on an H200)
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (session 6)
@@ -22,13 +25,16 @@ step() { local name=$1 t=$2; shift 2; local t0=$(date +%s); timeout "$t" "$@" > 
   [ $rc = 124 ] && pkill -9 -f '(sft|rl|distill|evaluate)\.py' 2>/dev/null   # the stage script under chorus_mini
   echo "== $name rc=$rc $(( $(date +%s) - t0 ))s"; tail -"${TAIL:-4}" "$OUT/$name.log" | cut -c1-300; }
 
+# Every call stashes the GGUF parts it carries (.stage/g*/gguf.part*) in ~/stage/g1; the last part joins them.
+mkdir -p $S/g1 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
 if [ "${PART:-}" = setup ]; then
-  mkdir -p $S/g1 $S/wheels $S/debs
-  cp .stage/g1/* $S/g1/ && cp .stage/s1/wheels/*.whl $S/wheels/ && cp .stage/s1/debs/*.deb $S/debs/
+  mkdir -p $S/wheels $S/debs
+  cp .stage/s1/wheels/*.whl $S/wheels/ && cp .stage/s1/debs/*.deb $S/debs/
   source bench/offline_setup.sh $S
   exit 0
 fi
-[ -f $M ] || cat $S/g1/gguf.partaa .stage/g2/gguf.partab > $M
+[ "${PART:-}" = stash ] && exit 0
+[ -f $M ] || cat $S/g1/gguf.part* > $M
 source bench/offline_setup.sh $S
 mkdir -p $S/runs; [ -e runs ] || ln -s $S/runs runs
 for r in s2tb s2st; do [ -d runs/$r ] || tar xzf .stage/data/$r.tgz -C runs; done
