@@ -541,3 +541,10 @@ def test_a_missing_task_file_ends_in_one_line(tmp_path, capsys):
     assert rundir.cli("rl.py", rl.main, argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("rl.py: error: ") and str(missing) in err and len(err.splitlines()) == 1
+
+
+def test_micro_batches_pack_rows_of_similar_length_under_the_token_budget():
+    rows = [SimpleNamespace(prompt_ids=[0], completion_ids=[0] * n) for n in (1, 7, 2, 6)]   # 2, 8, 3, 7 tokens
+    assert onpolicy.micro_batches(rows, 16) == [[1, 3], [2, 0]]          # padded 2x8 + 2x3 = 22 (in order: 30)
+    assert onpolicy.micro_batches(rows, 1) == [[1], [3], [2], [0]]       # a longer row goes alone
+    assert onpolicy.micro_batches([], 16) == []
