@@ -696,16 +696,21 @@ def _chains(ctx, sc, node, out, parent_kind=None):
             texts = [_text(t) for t in terms]
             chain = _short(_text(node), 80)
             op_true = k == "LogicalAndExpression"     # &&: rows are "all 1" and "term i 0, others 1"
-            base = [f"({t})" if op_true else f"!({t})" for t in texts]
-            rows = [("all terms 1" if op_true else "all terms 0", base)]
+            # row "all 1" holds iff every term is logically 1 (`if ((a) && (b))`), row i iff term i is 0
+            # and the others 1 (`if (!(a) && (b))`); an X term satisfies neither. So each term is evaluated
+            # ONCE to its logical value ((t) ? 1'b1 : 1'b0 is 1, 0 or X) and the rows are the items of a
+            # case on the concatenation (case matches X only with X): n evaluations instead of n*(n+1).
+            one, zero = ("1", "0") if op_true else ("0", "1")
+            n = len(texts)
+            rows = [("all terms 1" if op_true else "all terms 0", one * n)]
             for i, t in enumerate(texts):
-                flipped = list(base)
-                flipped[i] = f"!({t})" if op_true else f"({t})"
-                rows.append((f"{_short(t, 30)}={'0' if op_true else '1'} while others {'1' if op_true else '0'}",
-                             flipped))
-            for desc, conds in rows:
-                probe = _new_probe(ctx, sc, "expression", "row", node, f"`{chain}`: {desc}", expr=chain, row=desc)
-                out.append(f"if ({' && '.join(conds)}) {probe}")
+                rows.append((f"{_short(t, 30)}={zero} while others {one}", one * i + zero + one * (n - i - 1)))
+            probes, text = [], ""
+            for desc, pattern in rows:
+                probes.append(_new_probe(ctx, sc, "expression", "row", node, f"`{chain}`: {desc}", expr=chain, row=desc))
+                text += f"{n}'b{pattern}: {probes[-1]}"
+            values = ", ".join(f"({t}) ? 1'b1 : 1'b0" for t in texts)
+            out.append(f"case ({{{values}}}) {text}default: ; endcase ")
         for t in terms:
             _chains(ctx, sc, t, out, k)
         return

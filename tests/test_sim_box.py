@@ -75,7 +75,7 @@ def test_box_is_reused_and_fake_markers_do_not_end_a_run(box_used):
 
 @pytest.mark.needs_iverilog
 def test_box_killed_at_the_backstop_is_replaced(box_used, monkeypatch):
-    monkeypatch.setattr(sim, "BACKSTOP_EXTRA_S", -FAST.compile_timeout_s - FAST.timeout_s - sim.KILL_AFTER_S + 1)
+    monkeypatch.setattr(sim.box, "BACKSTOP_EXTRA_S", -FAST.compile_timeout_s - FAST.timeout_s - sim.KILL_AFTER_S + 1)
     run("  initial #30 $finish;")
     old = sandboxed_boxes()
     res = run("  initial begin #12 rst_n = 1; end", dataclasses.replace(FAST, sim_time_limit=0))
