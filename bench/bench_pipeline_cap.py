@@ -25,13 +25,15 @@ What it does, in order:
     result.json under OUT/P/S: setup.gpu_peak, written by rundir.write_result; null on CPU) and
     nvidia-smi's whole-GPU peak (done.json), into --json; prints the markdown section last.
 
-ESTIMATE (H200, not measured yet): the time is mostly process start-up (~40 GPU processes per profile:
-python + torch import, model load, CUDA graph capture), ~6-12 s each for small and ~12-20 s for 4b (4B
-build ~30 s once, 4-bit load ~5 s, a fresh machine converts the GGUF once, ~40 s), plus the data stages'
-CPU simulations: small ~3-4 min, 4b ~5-6 min; with --skip-eval-syn (default) the eval_syn stage has no
-tasks. Over 10 minutes (one device call's limit), run the profiles as two commands (--profiles 4b, then
---profiles small, the same --json: a profile's entry is added to what the file holds) or run the same
-command again: finished stages are skipped.
+ESTIMATE (H200, not measured yet): the time is mostly process start-up. A profile is ~28 GPU processes
+(sft x3, data2, rl x3, merge x4, val x3, opd x3, eval x11; eval_syn has no tasks with --skip-eval-syn, the
+default) plus the data stage's CPU simulations. small: ~8-12 s a process (python + torch import, SmolLM2
+load, CUDA graph capture; a fresh machine converts the GGUF once, ~40 s) -> ~5-6 min; 4b: ~15-20 s a process
+(4-bit load of the 7.5 GB folder ~5 s, packing + graph capture of 36 layers) plus building the 4B folder once
+(~30 s) -> ~8-10 min. Both: ~13-16 min one after the other, ~10 min with --parallel (the two capped
+processes share the H200; seconds then include the contention, peaks do not). Over 10 minutes (one device
+call's limit): run the same command again (finished stages are skipped), or one profile per command with
+the same --json (a profile's entry is added to what the file holds).
 """
 import argparse
 import json
@@ -122,6 +124,8 @@ def build_qwen3_4b(folder, tokenizer_source):
     os.replace(tmp, folder)
     n = sum(p.numel() for p in model.parameters())
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()      # the stages that follow get the GPU back
     return {"built": True, "build_s": round(time.time() - t0, 1), "params": n}
 
 
@@ -224,22 +228,44 @@ def hardware(cap_gib):
             "cpu_count": os.cpu_count()}
 
 
-def run_profile(profile, out, sets, model, stages, log):
-    """chorus_mini.py run for one profile; its output goes to the console and `log`. Returns the exit code."""
+def profile_argv(profile, out, sets, model, stages):
     argv = [sys.executable, "chorus_mini.py", "run", "--profile", profile, "--out", str(out)]
     argv += [x for s in ([f"model={model}"] if model else []) + sets for x in ("--set", s)]
-    if stages:
-        argv += ["--only", *stages]
-    print("[capbench] $ " + " ".join(argv[1:]), flush=True)
-    with open(log, "ab") as f:
-        f.write(("$ " + " ".join(argv[1:]) + "\n").encode())
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        while chunk := os.read(proc.stdout.fileno(), 65536):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-            f.write(chunk)
-        return proc.wait()
+    return argv + (["--only", *stages] if stages else [])
+
+
+def run_profile(argv, log, console=True):
+    """Start chorus_mini.py run for one profile, its output appended to `log` (and the console). Returns a
+    function that waits for it and returns its exit code."""
+    print("[capbench] $ " + " ".join(argv[1:]) + ("" if console else f"   (output: {log})"), flush=True)
+    f = open(log, "ab")
+    f.write(("$ " + " ".join(argv[1:]) + "\n").encode())
+    f.flush()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not console:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        return lambda: (proc.wait(), f.close())[0]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    while chunk := os.read(proc.stdout.fileno(), 65536):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        f.write(chunk)
+    f.close()
+    rc = proc.wait()
+    return lambda: rc
+
+
+def finish_profile(result, args, out, stages, hw, t_start, profile, t0, model, note, info, sets, wait):
+    """Wait for one profile's run, collect its stages into result and write the JSON (after every profile:
+    a run cut short keeps what finished). Returns 1 when the run failed, else 0."""
+    rc = wait()
+    rec = collect(out / profile, stages, hw.get("cap_gib"))
+    result["profiles"][profile] = {"model": model, "model_note": note, "sets": sets, "exit_code": rc,
+                                   "wall_s": round(time.time() - t0, 1), **info, **rec}
+    result["wall_s"] = round(time.time() - t_start, 1)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    return 1 if rc else 0
 
 
 def parse_args(argv=None):
@@ -261,6 +287,8 @@ def parse_args(argv=None):
                    help="test_tasks=0: the eval_syn stage (the eval stage's code on other tasks) gets no tasks")
     p.add_argument("--stages", nargs="+", default=None, help="run only these stages (chorus_mini --only)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one more chorus_mini --set")
+    p.add_argument("--parallel", action="store_true",
+                   help="run the profiles side by side (one GPU holds both capped processes; outputs go to OUT/P.log)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="the smoke profile with the tiny random model on CPU (tests; no 4B model, no cap)")
     return p.parse_args(argv)
@@ -302,6 +330,10 @@ def main(argv=None):
     if previous.get("bench") == "bench_pipeline_cap":     # another command's profiles stay (one JSON for all)
         result["profiles"].update({k: v for k, v in previous.get("profiles", {}).items() if k not in profiles})
     code = 0
+    if args.parallel and len(profiles) > 1:
+        result["notes"].append("--parallel: the profiles ran side by side on one GPU and its CPUs, so each "
+                               "stage's seconds include the other profile's load (the peaks are per process)")
+    pending = []              # (profile, started, model, note, info, sets, wait) of the profiles started
     for profile in profiles:
         run_dir = out / profile
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -319,14 +351,14 @@ def main(argv=None):
             model = args.model_small
             note = f"{model or 'SmolLM2-135M-Instruct (embedded GGUF)'}"
         sets = budget_sets(profile, args)
-        rc = run_profile(profile, run_dir, sets, model, args.stages, out / f"{profile}.log")
-        code = code or (1 if rc else 0)
-        rec = collect(run_dir, stages, hw.get("cap_gib"))
-        result["profiles"][profile] = {"model": model, "model_note": note, "sets": sets, "exit_code": rc,
-                                       "wall_s": round(time.time() - t0, 1), **info, **rec}
-        result["wall_s"] = round(time.time() - t_start, 1)
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))      # after every profile: a cut run keeps it
+        wait = run_profile(profile_argv(profile, run_dir, sets, model, args.stages), out / f"{profile}.log",
+                           console=not (args.parallel and len(profiles) > 1))
+        pending.append((profile, t0, model, note, info, sets, wait))
+        if args.parallel and len(profiles) > 1:
+            continue
+        code = max(code, finish_profile(result, args, out, stages, hw, t_start, *pending.pop()))
+    for item in pending:       # --parallel: wait for each
+        code = max(code, finish_profile(result, args, out, stages, hw, t_start, *item))
     result["wall_s"] = round(time.time() - t_start, 1)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"[capbench] wrote {args.json}\n")
