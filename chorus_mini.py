@@ -159,13 +159,19 @@ PROFILES = {
 
 # One H200, SmolLM2-135M: budgets sized to the 30 minutes of GPU time a working session has (see
 # bench/gpu/run_small.sh, which spreads the stages over the GPUs of one machine); long stages checkpoint,
-# and `run` again continues them.
+# and `run` again continues them. It also runs on a 24 GB card (try it on a big one with CHORUS_GPU_CAP_GIB=24:
+# every stage then sees a 24 GiB card; bench/bench_pipeline_cap.py runs every stage so): the splits below are
+# sized from the memory the card has, and a split changes the memory, never the answers.
 PROFILES["small"] = {
     **PROFILES["smoke"],
     "sim_workers": 14,         # 16 cores: leave two for the GPU process
     "grad_ckpt": False,        # a 135M model's activations fit an H200 easily; recomputing them costs time
-    "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call
-    "max_tokens_per_micro": 16384,  # rl.py / distill.py default
+    "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call; the fast decoder halves a
+                               # batch whose KV cache would pass half the free memory (mem_get_info: follows the cap)
+    "max_tokens_per_micro": 8192,   # rl/distill padded tokens per forward/backward (the loss divides by the whole
+                               # batch's tokens: same update as 16384). Without checkpointing SmolLM2 keeps ~1.1 MB of
+                               # activations per token (saved-tensor count on CPU): ~9 GiB at 8192, 18 at 16384 (too
+                               # close to 24 GiB); release_fast None frees the decoder's state on a < 40 GiB card
     "train_tasks": 400,        # -> about 370 after decontamination; SFT rows and the RL prompt pool
     "real_tasks": 1000,        # + 1000 real designs of the shared corpus (results/corpus.md: 1555 pass every filter)
     "real_val_tasks": 20,      # + 20 real designs in the validation tasks
@@ -181,7 +187,10 @@ PROFILES["small"] = {
     "sft_limit": None,         # all rows (~370 in stage 0, ~1,000 in stages 1 and 2)
     "sft_epochs": 3,           # 84 rows x 2 epochs (22 steps) left SynPass at 0 on the H200 (results/gpu_validation.md)
     "sft_lr": 5e-4,            # LoRA on a 135M model; 2e-4 moved it too little in the first GPU check
-    "sft_batch_size": 16,      # rows per micro-batch (no accumulation needed on an H200)
+    "sft_batch_size": 16,      # rows per micro-batch (no accumulation needed on an H200); sft.py runs it in pieces
+                               # sized from the free GPU memory (--max-tokens-per-micro auto: a probe row's measured
+                               # bytes per token): one piece on an H200 (16 x 4096 tok peaked at 91 GiB), ~2-3 rows of
+                               # 4096 per piece under a 24 GiB cap; the step's loss and gradients are the same
     "sft_grad_accum": 1,       # 16 rows per step
     "sft_max_len": 4096,       # sft.py default
     "max_new_tokens": 1280,    # the template teacher's testbenches: median ~700, max ~1100 SmolLM2 tokens

@@ -37,15 +37,109 @@ from fastgen import Completion, FastUnsupported, fence_closed, find_stop, free_f
 # 1. device, dtype, seed, cache folder
 
 
+GIB = 2**30
+GPU_CAP_ENV = "CHORUS_GPU_CAP_GIB"   # emulate a card of this many GiB (e.g. 24 on an H200); unset = the real card
+_CAP = {"applied": False, "record": None, "mem_get_info": None}
+_PEAK = {"reserved": 0, "allocated": 0}   # peaks folded in before a reset_peak (sft's memory probe)
+
+
+def cap_memory(cap_gib):
+    """Emulate a cap_gib card on the current GPU: the caching allocator refuses beyond it
+    (set_per_process_memory_fraction) and torch.cuda.mem_get_info reports it (free within the cap, total =
+    the cap), so everything that sizes batches from mem_get_info (the fast decoder's KV cache, sft.py's
+    micro-batches, rl.release_fast_default) sizes them as on that card. A second call replaces the first.
+    Returns the hardware record {gpu, total_gib, cap_gib, cap_fraction, mem_get_info_reports_cap}."""
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    total = props.total_memory
+    frac = min(1.0, cap_gib * GIB / total)
+    torch.cuda.set_per_process_memory_fraction(frac, dev)
+    real = _CAP["mem_get_info"] = _CAP["mem_get_info"] or torch.cuda.mem_get_info
+    cap = int(frac * total)
+
+    def capped_mem_get_info(device=None):
+        free, _ = real(device)
+        return max(0, min(free, cap - torch.cuda.memory_reserved(device))), cap
+    torch.cuda.mem_get_info = capped_mem_get_info
+    record = {"gpu": props.name, "total_gib": round(total / GIB, 2), "cap_gib": cap_gib,
+              "cap_fraction": round(frac, 5), "mem_get_info_reports_cap": True}
+    _CAP.update(applied=True, record=record)
+    return record
+
+
+def apply_gpu_cap():
+    """Apply $CHORUS_GPU_CAP_GIB once per process (cap_memory), the first time the kit puts something on
+    CUDA (pick_device, load_model). Returns the cap's record, or None (no variable, no CUDA, or 0).
+    A value that is not a positive number ends the script with one line."""
+    if _CAP["applied"]:
+        return _CAP["record"]
+    text = os.environ.get(GPU_CAP_ENV, "").strip()
+    if not text or not torch.cuda.is_available():
+        return None
+    try:
+        cap = float(text)
+    except ValueError:
+        raise ValueError(f"${GPU_CAP_ENV}={text!r}: expected a size in GiB (e.g. 24)") from None
+    _CAP["applied"] = True
+    if cap <= 0:
+        return None
+    record = cap_memory(cap)
+    print(f"[common] ${GPU_CAP_ENV}={text}: emulating a {cap:g} GiB card on {record['gpu']} "
+          f"({record['total_gib']} GiB; fraction {record['cap_fraction']})")
+    return record
+
+
+def gpu_capacity_bytes():
+    """Memory of the current GPU as the kit sees it: the emulated cap when one is set, else the card's
+    size; None without CUDA. (rl.release_fast_default and sft.py's auto micro-batches size from it.)"""
+    if not torch.cuda.is_available():
+        return None
+    apply_gpu_cap()
+    return int(torch.cuda.mem_get_info()[1])
+
+
+def reset_peak():
+    """Reset torch's CUDA peak counters (to measure one piece of work) without losing the process's peak:
+    gpu_peak() still reports the maximum over the whole process."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        _PEAK["reserved"] = max(_PEAK["reserved"], torch.cuda.max_memory_reserved())
+        _PEAK["allocated"] = max(_PEAK["allocated"], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpu_peak():
+    """{"max_memory_reserved_gib", "max_memory_allocated_gib", "cap_gib"} of this process's current GPU
+    (torch's peaks over the whole process), or None when the process never used CUDA. Every stage
+    records it in result.json (setup.gpu_peak, via rundir.write_result)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    reserved = max(_PEAK["reserved"], torch.cuda.max_memory_reserved())
+    allocated = max(_PEAK["allocated"], torch.cuda.max_memory_allocated())
+    return {"max_memory_reserved_gib": round(reserved / GIB, 3), "max_memory_allocated_gib": round(allocated / GIB, 3),
+            "cap_gib": (_CAP["record"] or {}).get("cap_gib")}
+
+
 def gpu_peak_mib():
     """Peak GPU memory this process allocated through torch (MiB), or None without CUDA. Stages record
     it in result.json (setup.gpu_peak_mib) for the report's per-stage memory column."""
-    return torch.cuda.max_memory_allocated() // 2**20 if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    return max(_PEAK["allocated"], torch.cuda.max_memory_allocated()) // 2**20
+
+
+def gpu_free_bytes(device=None):
+    """Bytes this process can still allocate on a CUDA device, within the cap (fastgen's rule: free
+    memory plus what the caching allocator holds unused, at most the fraction's room)."""
+    return fastgen._gpu_free_bytes(torch.cuda.current_device() if device is None else device)
 
 
 def pick_device():
-    """'cuda' when a GPU is visible, else 'cpu'. The single place the kit decides the device."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """'cuda' when a GPU is visible, else 'cpu'. The single place the kit decides the device; on CUDA it
+    applies $CHORUS_GPU_CAP_GIB (apply_gpu_cap)."""
+    if torch.cuda.is_available():
+        apply_gpu_cap()
+        return "cuda"
+    return "cpu"
 
 
 def set_seed(seed):
@@ -364,6 +458,8 @@ def load_model(name_or_path=None, *, quant="auto", device=None, cache_dir=None):
     if str(path).endswith(".gguf"):
         path = gguf_to_hf_folder(path, cache_dir)
     device = device or pick_device()
+    if str(device).startswith("cuda"):
+        apply_gpu_cap()
     config = AutoConfig.from_pretrained(path)
     n = _n_params(config)
     quant, dtype, why = resolve_quant(quant, device, n)

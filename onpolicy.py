@@ -304,10 +304,12 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
 
 def release_fast_default(flag):
     """--release-fast default: on when the GPU has under 40 GiB (a 24 GB card cannot hold the fast
-    decoder's packed weights + KV cache and the training activations at once), off elsewhere."""
+    decoder's packed weights + KV cache and the training activations at once), off elsewhere. The size is
+    common.gpu_capacity_bytes: an emulated card ($CHORUS_GPU_CAP_GIB) counts as its cap."""
     if flag is not None:
         return flag
-    return torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40 * 2**30
+    capacity = common.gpu_capacity_bytes()
+    return capacity is not None and capacity < 40 * 2**30
 
 
 def overlong_penalty(length, max_len, buffer):

@@ -169,7 +169,10 @@ def plot_log(rows, path, keys):
 # result.json and done.json
 
 def write_result(out, config, setup, outcome):
-    """OUT/result.json: {"config", "setup", "outcome"}; returns the dict."""
+    """OUT/result.json: {"config", "setup", "outcome"}; returns the dict. setup gains "gpu_peak": this
+    process's CUDA peaks in GiB (common.gpu_peak: max_memory_reserved / max_memory_allocated and the
+    emulated cap) or None when it never used CUDA, so every stage reports its peak memory."""
+    setup = {**setup, "gpu_peak": setup.get("gpu_peak", common.gpu_peak())}
     result = {"config": config, "setup": setup, "outcome": outcome}
     if not dist.is_main():
         return result

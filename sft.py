@@ -15,7 +15,9 @@ What one stage does, in order:
 4. Train: AdamW, cosine LR with linear warmup (ratio 0.03), gradient accumulation, grad-norm clip 1.0,
    bf16 autocast on CUDA (LoRA weights kept in fp32), fp32 on CPU (docs/stack.md §1.1: bf16 is ~30x slower
    there). The loss is the mean over all target tokens of one optimizer step (token-level, so long and
-   short targets weigh by their tokens, not per row).
+   short targets weigh by their tokens, not per row). A micro-batch runs in pieces of at most
+   --max-tokens-per-micro padded tokens (auto: sized from the free GPU memory, so `small`'s 16 rows x 4096
+   tokens fit a 24 GB card); the split changes the memory, not the loss or the gradients.
 5. Write into --out: adapter/ (standard peft folder, bf16 tensors, via common.save_adapter),
    and rundir.py's run folder, shared with rl.py and distill.py: ckpt/step_N/ (adapter, exact fp32
    weights, optimizer, scheduler, RNG states, config and rows used; for --resume), log.jsonl (one line
@@ -131,6 +133,90 @@ def target_loss_sum(model, batch):
     return F.cross_entropy(picked, labels[keep], reduction="sum"), int(keep.sum())
 
 
+def split_rows(idx, lengths, max_tokens):
+    """Cut one micro-batch (row indices, in order) into consecutive pieces whose padded size (rows x
+    longest row) is at most max_tokens; a single longer row goes alone. None or 0 = no split."""
+    if not max_tokens:
+        return [list(idx)]
+    pieces, cur, cur_max = [], [], 0
+    for i in idx:
+        if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:
+            pieces.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, lengths[i])
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
+def parse_tokens_per_micro(text):
+    """--max-tokens-per-micro: 'auto' or a token count (0 = no split)."""
+    if str(text).lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens >= 0, got {n}")
+    return n
+
+
+def auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16, optimizer_state=True, fill=0.75):
+    """The padded-token budget of one micro-batch, sized from the memory the card has (on CUDA; None =
+    no split on CPU). A probe runs one forward + backward on the longest row with every position a
+    target (the costliest row per token: sft's logits are kept for target positions in fp32) and
+    measures its peak above the memory in use; the budget is `fill` of the free memory
+    (common.gpu_free_bytes: within $CHORUS_GPU_CAP_GIB's cap), less the gradients and AdamW's two fp32
+    moments still to come, divided by that per-token cost. The probe runs under a forked RNG and leaves
+    no gradient, so the training that follows is the same as without it.
+    Returns (tokens or None, record for result.json)."""
+    if device.type != "cuda":
+        return None, {"device": device.type, "note": "no split off CUDA"}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    param_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    row = max(encoded, key=lambda e: len(e["input_ids"]))
+    n = len(row["input_ids"])
+    probe = collate([{"input_ids": row["input_ids"], "labels": list(row["input_ids"])}], pad_id)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    common.reset_peak()
+    with torch.random.fork_rng(devices=[device]):
+        b = {k: v.to(device) for k, v in probe.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss_sum, _ = target_loss_sum(model, b)
+        loss_sum.backward()
+        del loss_sum, b
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    for p in trainable:
+        p.grad = None
+    per_token = max(1.0, (peak - param_bytes) / n)
+    free = common.gpu_free_bytes(device)
+    room = free - param_bytes * (1 + (2 if optimizer_state else 0))     # grads + AdamW's moments
+    tokens = max(n, int(fill * room / per_token))
+    return tokens, {"probe_tokens": n, "probe_peak_gib": round(peak / common.GIB, 3),
+                    "bytes_per_token": int(per_token), "free_gib": round(free / common.GIB, 3), "fill": fill,
+                    "tokens_per_micro": tokens}
+
+
+def accumulate_step(model, encoded, micro, lengths, n_tokens, pad_id, device, use_bf16, tokens_per_micro=None):
+    """Forward + backward of one optimizer step's micro-batches (lists of row indices), each run as the
+    pieces of split_rows(tokens_per_micro); every piece's summed loss is divided by n_tokens, the step's
+    target-token count, so the accumulated gradient is that of the step's token mean however the rows
+    are split. Returns (the step's loss, pieces run)."""
+    pieces = [piece for idx in micro for piece in split_rows(idx, lengths, tokens_per_micro)]
+    step_loss = 0.0
+    for idx in pieces:
+        b = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss_sum, _ = target_loss_sum(model, b)
+        (loss_sum / n_tokens).backward()
+        step_loss += loss_sum.item() / n_tokens
+    return step_loss, len(pieces)
+
+
 def cosine_with_warmup(warmup_steps, total_steps):
     """LR multiplier: linear 0 -> 1 over warmup_steps, then cosine 1 -> 0 at total_steps."""
     def factor(step):
@@ -156,13 +242,18 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               warmup_ratio=0.03, seed=42, init_adapter=None, resume=False, lora_r=16, lora_alpha=32,
               lora_dropout=0.05, weight_decay=0.0, max_grad_norm=1.0, group_by_length=False,
               gradient_checkpointing=False, save_every=100, stop_after_steps=None, progress=True,
-              extra_config=None):
+              extra_config=None, max_tokens_per_micro="auto"):
     """Train one SFT stage on `rows` (chat dicts); write adapter/, logs, result.json and done.json.
 
     `model` is a base model (an adapter is added, or --init-adapter loaded, as trainable) or an
     already-wrapped PeftModel. `stop_after_steps` ends the run early without finishing the schedule
     (time budgets, tests); done.json is then not written, and `resume=True` continues it later.
     Returns result.json's dict; the trained PeftModel is result["model"] (not written to disk).
+
+    max_tokens_per_micro: each micro-batch of batch_size rows runs as consecutive pieces of at most this
+    many padded tokens ('auto': sized from the free GPU memory by auto_tokens_per_micro, no split on
+    CPU; None or 0: no split). Only the memory changes: the loss of a step is still divided by the
+    step's target-token count, so a split step gives the same loss and gradients (LoRA dropout aside).
     """
     t0 = time.time()
     dist.init()
@@ -173,7 +264,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               "init_adapter": str(init_adapter) if init_adapter else None, "lora_r": lora_r,
               "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "weight_decay": weight_decay,
               "max_grad_norm": max_grad_norm, "group_by_length": group_by_length,
-              "gradient_checkpointing": gradient_checkpointing, **(extra_config or {})}
+              "gradient_checkpointing": gradient_checkpointing, "max_tokens_per_micro": max_tokens_per_micro,
+              **(extra_config or {})}
     # (the process count is not part of the config: a run may resume with another one)
 
     # 1. data
@@ -238,6 +330,15 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if r["step"] <= step))
         (out_dir / "done.json").unlink(missing_ok=True)
     dist.broadcast_params(trainable)
+    if max_tokens_per_micro == "auto":
+        tokens_per_micro, probe = auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16,
+                                                        optimizer_state=not optimizer.state)
+    else:
+        tokens_per_micro, probe = (max_tokens_per_micro or None), None
+    setup.update(tokens_per_micro=tokens_per_micro, micro_probe=probe)
+    if tokens_per_micro:
+        print(f"sft: micro-batches of at most {tokens_per_micro} padded tokens"
+              + (f" (auto: {probe['bytes_per_token']} B/token, {probe['free_gib']} GiB free)" if probe else ""))
 
     # 4. loop: one optimizer step = grad_accum micro-batches, token-level mean over the whole step
     model.train()
@@ -256,14 +357,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if dist.world() > 1:      # this rank's block of the step's rows, in micro-batches of batch_size
             mine = dist.shard([i for idx in micro for i in idx])
             micro = [mine[s:s + batch_size] for s in range(0, len(mine), batch_size)]
-        batches = [collate([encoded[i] for i in idx], pad_id) for idx in micro]
-        step_loss = 0.0
-        for b in batches:
-            b = {k: v.to(device) for k, v in b.items()}
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss_sum, _ = target_loss_sum(model, b)
-            (loss_sum / n_tokens).backward()
-            step_loss += loss_sum.item() / n_tokens
+        step_loss, n_pieces = accumulate_step(model, encoded, micro, lengths, n_tokens, pad_id, device, use_bf16,
+                                              tokens_per_micro)
         dist.sync_grads(trainable)            # sum over the ranks: the loss already divides by the global count
         step_loss = dist.all_sum(step_loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
@@ -274,7 +369,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         step += 1
         losses.append(step_loss)
         rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
-               "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens,
+               "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens, "micro_batches": n_pieces,
                "elapsed_s": round(time.time() - t0, 2)}
         rundir.append_log(log_path, rec)
         if bar:
@@ -336,6 +431,10 @@ def main(argv=None):
     # Runtime
     p.add_argument("--out", required=True, help="stage folder (adapter/, ckpt/, log.jsonl, curves.png, result.json, done.json)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for memory")
+    p.add_argument("--max-tokens-per-micro", type=parse_tokens_per_micro, default="auto",
+                   help="padded tokens per forward/backward: a micro-batch of --batch-size rows runs in pieces of at "
+                        "most this size (same loss and gradients, less memory); auto = sized from the free GPU "
+                        "memory (honours $CHORUS_GPU_CAP_GIB), no split on CPU; 0 = no split")
     p.add_argument("--save-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/ckpt")
@@ -353,7 +452,8 @@ def main(argv=None):
                        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                        group_by_length=args.group_by_length, gradient_checkpointing=args.gradient_checkpointing,
-                       save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra)
+                       save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra,
+                       max_tokens_per_micro=args.max_tokens_per_micro)
     return 0 if result["outcome"]["finished"] or args.max_steps else 1
 
 

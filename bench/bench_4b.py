@@ -10,8 +10,9 @@ What it does, in order:
  1. Builds a RANDOM model with Qwen3-4B-Instruct-2507's shape (QWEN3_4B below; nothing is downloaded),
     saves it as a bf16 HF folder in a temp dir, and loads it through the kit's own loader
     (common.load_model(quant="4bit"): nf4 + double quant, bf16 compute), then LoRA r=16 on every
-    linear layer (common.add_lora). A 24 GiB cap is set first (set_per_process_memory_fraction) and
-    torch.cuda.mem_get_info is made to report that cap, so the kit sizes its batches as on a 24 GB card.
+    linear layer (common.add_lora). A 24 GiB cap is set first (common.cap_memory, the same one every
+    stage applies from $CHORUS_GPU_CAP_GIB: set_per_process_memory_fraction, and torch.cuda.mem_get_info
+    made to report the cap), so the kit sizes its batches as on a 24 GB card.
  2. Times each step and records peak memory (max_memory_allocated / max_memory_reserved, reset before
     every run): one warm-up, then --reps timed runs; time = median, peak = max over all runs.
       sft          one optimizer step: grad-accum micro-batches of 1 row x 4096 tokens (sft.py's step;
@@ -51,6 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
+from common import cap_memory  # noqa: E402,F401  (moved to common: every stage honours $CHORUS_GPU_CAP_GIB)
 import distill  # noqa: E402
 import fastgen  # noqa: E402
 import rl  # noqa: E402
@@ -143,24 +145,6 @@ def count_params(cfg):
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(cfg)
     return sum(p.numel() for p in m.parameters())
-
-
-def cap_memory(cap_gib):
-    """Emulate a cap_gib card: the allocator refuses beyond it, and mem_get_info reports it (the kit's
-    fast decoder sizes its KV cache from mem_get_info). Returns the hardware record."""
-    props = torch.cuda.get_device_properties(0)
-    total = props.total_memory
-    frac = min(1.0, cap_gib * GIB / total)
-    torch.cuda.set_per_process_memory_fraction(frac)
-    real_mem_get_info = torch.cuda.mem_get_info
-
-    def capped_mem_get_info(device=None):
-        free, _ = real_mem_get_info(device)
-        cap = int(frac * total)
-        return max(0, min(free, cap - torch.cuda.memory_reserved(device))), cap
-    torch.cuda.mem_get_info = capped_mem_get_info
-    return {"gpu": props.name, "total_gib": round(total / GIB, 2), "cap_gib": cap_gib,
-            "cap_fraction": round(frac, 5), "mem_get_info_reports_cap": True}
 
 
 def free_memory():

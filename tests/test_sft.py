@@ -166,3 +166,82 @@ def test_a_malformed_row_file_ends_in_one_line(tmp_path, capsys):
     assert rundir.cli("sft.py", sft.main, ["--data", str(bad), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert err == f"sft.py: error: {bad}:2: row has no 'messages' list\n"
+
+
+def test_split_rows_keeps_order_and_the_padded_budget():
+    lengths = [10, 30, 20, 5, 40]
+    assert sft.split_rows([0, 1, 2, 3, 4], lengths, None) == [[0, 1, 2, 3, 4]]
+    assert sft.split_rows([0, 1, 2, 3, 4], lengths, 0) == [[0, 1, 2, 3, 4]]
+    # 60 padded tokens: [10, 30] -> 2 x 30 = 60 fits; + 20 -> 3 x 30 = 90 does not; [20, 5] = 40; + 40 -> 120
+    assert sft.split_rows([0, 1, 2, 3, 4], lengths, 60) == [[0, 1], [2, 3], [4]]
+    assert sft.split_rows([4, 0], lengths, 39) == [[4], [0]]       # a row longer than the budget goes alone
+    assert sft.split_rows([3, 0, 2], lengths, 1000) == [[3, 0, 2]]
+
+
+def _lora_tiny(tok_rows):
+    model, tok = fresh()
+    model = common.add_lora(model, r=8, alpha=16, dropout=0.0)
+    with torch.no_grad():              # a nonzero B, so every LoRA matrix gets a gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    encoded = [sft.encode_row(tok, r["messages"], 512) for r in tok_rows]
+    return model, tok, encoded
+
+
+def test_a_split_step_has_the_unsplit_loss_and_gradients(rows):
+    """Known answer: the step's loss is the token mean over all 8 rows' targets (one forward per row, summed),
+    and its gradient is the same whether the rows run as 2 micro-batches of 4 or in pieces of 1-2 rows."""
+    model, tok, encoded = _lora_tiny(rows)
+    model.train()
+    lengths = [len(e["input_ids"]) for e in encoded]
+    micro = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    n_tokens = sum(sum(l != sft.IGNORE for l in e["labels"][1:]) for e in encoded)
+    with torch.no_grad():
+        expected = sum(sft.target_loss_sum(model, sft.collate([e], tok.pad_token_id))[0].item() for e in encoded)
+    expected /= n_tokens
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    runs = {}
+    for budget in (None, 2 * max(lengths), 1):
+        loss, pieces = sft.accumulate_step(model, encoded, micro, lengths, n_tokens, tok.pad_token_id,
+                                           torch.device("cpu"), False, budget)
+        runs[budget] = (loss, pieces, {n: p.grad.clone() for n, p in trainable.items()})
+        for p in trainable.values():
+            p.grad = None
+    assert runs[None][1] == 2 and runs[1][1] == 8 and 2 < runs[2 * max(lengths)][1] < 8
+    for budget, (loss, _, grads) in runs.items():
+        assert loss == pytest.approx(expected, rel=1e-5), budget
+        for n, g in grads.items():
+            assert torch.allclose(g, runs[None][2][n], rtol=1e-4, atol=1e-7), (budget, n)
+    assert sum(float(g.abs().sum()) for g in runs[None][2].values()) > 0
+
+
+def test_train_sft_split_equals_unsplit_and_auto_does_not_split_on_cpu(rows, tmp_path):
+    kw = dict(epochs=1, lr=3e-3, batch_size=4, grad_accum=1, max_len=512, seed=0, lora_dropout=0.0, progress=False)
+    out = {}
+    for name, budget in (("whole", 0), ("split", 1), ("auto", "auto")):
+        model, tok = fresh()
+        res = sft.train_sft(model, tok, rows, tmp_path / name, max_tokens_per_micro=budget, **kw)
+        log = rundir.read_log(tmp_path / name / "log.jsonl")
+        out[name] = (res, log, {k: v.detach() for k, v in res["model"].named_parameters() if v.requires_grad})
+    assert [r["micro_batches"] for r in out["whole"][1]] == [1, 1]
+    assert [r["micro_batches"] for r in out["split"][1]] == [4, 4]      # one row per piece
+    assert [r["micro_batches"] for r in out["auto"][1]] == [1, 1]       # CPU: auto = no split
+    assert out["auto"][0]["setup"]["tokens_per_micro"] is None and out["split"][0]["setup"]["tokens_per_micro"] == 1
+    for name in ("split", "auto"):
+        assert [r["loss"] for r in out[name][1]] == pytest.approx([r["loss"] for r in out["whole"][1]], abs=1e-5)
+        a, b = out[name][2], out["whole"][2]
+        # Adam's first steps move each weight by ~lr (3e-3) whatever the gradient's size: float noise between
+        # the two summation orders shows up as ~1e-5, a different update as ~1e-3
+        assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a), name
+    result = json.loads((tmp_path / "split" / "result.json").read_text())
+    assert result["config"]["max_tokens_per_micro"] == 1 and "gpu_peak" in result["setup"]
+
+
+def test_max_tokens_per_micro_argument():
+    assert sft.parse_tokens_per_micro("auto") == "auto" and sft.parse_tokens_per_micro("8192") == 8192
+    assert sft.parse_tokens_per_micro("0") == 0
+    import argparse
+    for bad in ("-1", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sft.parse_tokens_per_micro(bad)

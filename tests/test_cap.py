@@ -1,0 +1,139 @@
+"""The emulated memory cap ($CHORUS_GPU_CAP_GIB, common.cap_memory), the per-stage CUDA peaks in result.json,
+and bench/bench_pipeline_cap.py's JSON. CPU only: torch.cuda is faked where a GPU would answer."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import common
+import onpolicy
+import rundir
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_pipeline_cap as capbench  # noqa: E402
+
+G = 2**30
+
+
+@pytest.fixture
+def fake_h200(monkeypatch):
+    """A 140 GiB card with 10 GiB reserved, 130 GiB free; records the fraction set on it."""
+    state = {"fraction": None, "reserved": 10 * G}
+    props = type("P", (), {"total_memory": 140 * G, "name": "Fake H200"})()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f, d=None: state.__setitem__("fraction", f))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (130 * G, 140 * G))
+    monkeypatch.setattr(common, "_CAP", {"applied": False, "record": None, "mem_get_info": None})
+    monkeypatch.delenv(common.GPU_CAP_ENV, raising=False)
+    return state
+
+
+def test_cap_from_the_environment_applies_once_and_mem_get_info_reports_it(fake_h200, monkeypatch):
+    assert common.gpu_capacity_bytes() == 140 * G and onpolicy.release_fast_default(None) is False
+    monkeypatch.setattr(common, "_CAP", {"applied": False, "record": None, "mem_get_info": None})
+    monkeypatch.setenv(common.GPU_CAP_ENV, "24")
+    assert common.pick_device() == "cuda"
+    assert fake_h200["fraction"] == pytest.approx(24 / 140)
+    free, total = torch.cuda.mem_get_info()
+    assert total == 24 * G and free == 14 * G                 # the cap less the 10 GiB reserved
+    fake_h200["reserved"] = 30 * G
+    assert torch.cuda.mem_get_info()[0] == 0                  # never negative
+    fake_h200["fraction"] = None
+    common.apply_gpu_cap()                                    # once: the second call changes nothing
+    assert fake_h200["fraction"] is None
+    assert common.gpu_capacity_bytes() == 24 * G
+    assert onpolicy.release_fast_default(None) is True        # a 24 GiB card releases the decoder's state
+    assert onpolicy.release_fast_default(False) is False
+
+
+def test_a_second_cap_replaces_the_first(fake_h200):
+    common.cap_memory(24)
+    common.cap_memory(16)                                     # not stacked on the 24 GiB one
+    assert torch.cuda.mem_get_info() == (6 * G, 16 * G)
+
+
+def test_a_bad_cap_value_is_a_clear_error(fake_h200, monkeypatch):
+    monkeypatch.setenv(common.GPU_CAP_ENV, "24GB")
+    with pytest.raises(ValueError, match="CHORUS_GPU_CAP_GIB='24GB'"):
+        common.apply_gpu_cap()
+    monkeypatch.setattr(common, "_CAP", {"applied": False, "record": None, "mem_get_info": None})
+    monkeypatch.setenv(common.GPU_CAP_ENV, "0")               # 0 = the real card
+    assert common.apply_gpu_cap() is None and fake_h200["fraction"] is None
+
+
+def test_result_json_has_the_gpu_peak_field(tmp_path):
+    """On CPU the peak is null (no CUDA was used); a caller's own value is kept."""
+    assert common.gpu_peak() is None or torch.cuda.is_initialized()
+    res = rundir.write_result(tmp_path, {}, {"rows": 3}, {"ok": True})
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert on_disk["setup"] == {"rows": 3, "gpu_peak": None} == res["setup"]
+    rundir.write_result(tmp_path, {}, {"gpu_peak": {"max_memory_reserved_gib": 1.5}}, {})
+    assert json.loads((tmp_path / "result.json").read_text())["setup"]["gpu_peak"]["max_memory_reserved_gib"] == 1.5
+
+
+def _peak(r, a):
+    return {"gpu_peak": {"max_memory_reserved_gib": r, "max_memory_allocated_gib": a, "cap_gib": 24}}
+
+
+def test_collect_reads_every_stage_seconds_and_the_largest_peak(tmp_path):
+    import chorus_mini
+    run = tmp_path / "run"
+    for i, s in enumerate(chorus_mini.STAGES[:-1]):          # report missing
+        (run / s).mkdir(parents=True)
+        (run / s / "done.json").write_text(json.dumps({"seconds": 10.0 + i, "gpu_mem_peak_mib": 100 + i}))
+        (run / s / "result.json").write_text(json.dumps({"setup": {"gpu_peak": None}}))
+    (run / "sft0" / "result.json").write_text(json.dumps({"setup": _peak(7.5, 6.25)}))
+    for k, (r, a) in enumerate(((3.0, 2.0), (5.5, 1.0), (4.0, 3.5))):      # val: three eval processes
+        (run / "val" / f"rl{k}").mkdir()
+        (run / "val" / f"rl{k}" / "result.json").write_text(json.dumps({"setup": _peak(r, a)}))
+    rec = capbench.collect(run, chorus_mini.STAGES, 24)
+    st = rec["stages"]
+    assert list(st) == chorus_mini.STAGES
+    assert st["sft0"]["seconds"] == 11.0 and st["sft0"]["peak_reserved_gib"] == 7.5
+    assert st["val"]["peak_reserved_gib"] == 5.5 and st["val"]["peak_allocated_gib"] == 3.5
+    assert len(st["val"]["processes"]) == 3
+    assert st["data"]["peak_reserved_gib"] is None and st["data"]["nvidia_smi_peak_mib"] == 100
+    assert st["report"]["status"] == "missing" and st["report"]["seconds"] is None
+    assert not rec["all_done"] and rec["max_peak_reserved_gib"] == 7.5 and rec["fits_cap"] is True
+    assert rec["seconds_total"] == sum(10.0 + i for i in range(len(chorus_mini.STAGES) - 1))
+
+
+def test_budget_sets_are_valid_profile_overrides():
+    import chorus_mini
+    args = capbench.parse_args(["--eval-tasks", "x.jsonl", "--set", "sim_workers=3"])
+    for profile in ("4b", "small"):
+        sets = capbench.budget_sets(profile, args)
+        c = chorus_mini.apply_overrides(chorus_mini.PROFILES[profile], sets)   # unknown keys / types exit
+        assert c["real_corpus"] == "" and c["real_tasks"] == 0 and c["test_tasks"] == 0 and c["sim_workers"] == 3
+        assert c["max_new_tokens"] == 64 and c["rl_steps"] == 2 and c["eval_tasks"].endswith("x.jsonl")
+    assert chorus_mini.apply_overrides(chorus_mini.PROFILES["small"], capbench.budget_sets("small", args))["sft_limit"] == 16
+
+
+def test_cpu_smoke_writes_every_stage_with_seconds_and_peak_fields(tmp_path):
+    """The data stage alone on CPU (~20 s): the JSON lists every stage, the one that ran with its seconds
+    and null peaks (no CUDA), the rest as missing; --render prints its table."""
+    out = tmp_path / "json" / "cap.json"
+    r = subprocess.run([sys.executable, "bench/bench_pipeline_cap.py", "--cpu-smoke", "--stages", "data",
+                        "--out", str(tmp_path / "runs"), "--json", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    p = res["profiles"]["smoke"]
+    import chorus_mini
+    assert list(p["stages"]) == chorus_mini.STAGES
+    for s, rec in p["stages"].items():
+        assert {"seconds", "peak_reserved_gib", "peak_allocated_gib", "status"} <= set(rec), s
+    assert p["stages"]["data"]["status"] == "done" and p["stages"]["data"]["seconds"] > 0
+    assert p["stages"]["data"]["peak_reserved_gib"] is None and res["hardware"]["gpu"] is None
+    assert p["stages"]["sft0"]["status"] == "missing" and p["exit_code"] == 0
+    md = subprocess.run([sys.executable, "bench/bench_pipeline_cap.py", "--render", str(out)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60).stdout
+    assert "| data | done |" in md and "CPU smoke run" in md
