@@ -8,6 +8,7 @@
 #   PART=a     bash bench/gpu/small2_stage0.sh   # stage-0 SFT in both answer modes (~4.5 min each on an H200)
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (session 6)
+#   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
 # timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b ran in session 6 from the committed adapters.
@@ -27,6 +28,9 @@ step() { local name=$1 t=$2; shift 2; local t0=$(date +%s); timeout "$t" "$@" > 
 
 # Every call stashes the GGUF parts it carries (.stage/g*/gguf.part*) in ~/stage/g1; the last part joins them.
 mkdir -p $S/g1 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
+# bitsandbytes (the 4b profile's nf4 base) travels as its package folder with only the CUDA 13 / CPU libraries
+# (.stage/b1/bnb_site.tgz, 7 MB; the 0.50.2 wheel is 43 MB)
+[ -f .stage/b1/bnb_site.tgz ] && mkdir -p $S/site && tar xzf .stage/b1/bnb_site.tgz -C $S/site
 if [ "${PART:-}" = setup ]; then
   mkdir -p $S/wheels $S/debs
   cp .stage/s1/wheels/*.whl $S/wheels/ && cp .stage/s1/debs/*.deb $S/debs/
@@ -78,5 +82,16 @@ if [ "${PART:-}" = b ]; then
         --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing --answer-mode $mode
     cp runs/$r/opd_t/log.jsonl $OUT/opd_${mode}_log.jsonl
   done
+fi
+if [ "${PART:-}" = cap ]; then
+  # Every stage of the 4b (random Qwen3-4B-shaped model, nf4) and small profiles under a 24 GiB cap (issue 19).
+  # A process group of its own, so a cut call leaves no stage running; then one quick pass collects the JSON.
+  CB=(python3 bench/bench_pipeline_cap.py --profiles 4b small --model-small $M --eval-tasks runs/dev_tasks.jsonl
+      --out runs/capbench --json $OUT/bench_4b_pipeline.json --sim-workers 7)
+  CHORUS_GPU_CAP_GIB=24 setsid "${CB[@]}" --parallel > $OUT/capbench.log 2>&1 & P=$!
+  for i in $(seq ${CAP_S:-500}); do kill -0 $P 2>/dev/null || break; sleep 1; done
+  kill -9 -- -$P 2>/dev/null; pkill -9 -f '(chorus_mini|sft|rl|distill|evaluate|merge|build_sft)\.py' 2>/dev/null
+  CHORUS_GPU_CAP_GIB=24 timeout 60 "${CB[@]}" --stages data > $OUT/capbench_collect.log 2>&1
+  tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
 fi
 ls -la $OUT
