@@ -150,11 +150,16 @@ def stage_record(folder):
         if gp:
             peaks.append({"file": str(res.relative_to(folder)), **gp})
     top = lambda k: max((p[k] for p in peaks if p.get(k) is not None), default=None)
-    return {"status": "done" if done else ("partial" if folder.is_dir() else "missing"),
+    log = folder / "stdout.log"       # a stage that started and did not finish: its last lines, to diagnose
+    tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if (not done and log.is_file()) else None
+    return {"status": "done" if done else ("partial" if folder.is_dir() else "missing"), "log_tail": tail,
             "seconds": done.get("seconds") if done else None,
             "peak_reserved_gib": top("max_memory_reserved_gib"), "peak_allocated_gib": top("max_memory_allocated_gib"),
             "nvidia_smi_peak_mib": done.get("gpu_mem_peak_mib") if done else None,
             "peak_rss_mib": done.get("peak_rss_mib") if done else None, "processes": peaks}
+
+
+LOG_TAIL = 25     # lines of a stage's stdout.log kept in the JSON when the stage did not finish
 
 
 def common_read(path):
@@ -202,6 +207,9 @@ def render_markdown(result):
             L.append(f"| {s} | {r['status']} | {f(r['seconds'])} | {f(r['peak_reserved_gib'])} | "
                      f"{f(r['peak_allocated_gib'])} | {f(r['nvidia_smi_peak_mib'])} |")
         L.append("")
+        for s, r in p["stages"].items():
+            if r.get("log_tail"):
+                L += [f"`{s}` did not finish; the end of its log:", "", "```", *r["log_tail"][-8:], "```", ""]
     L += [f"- {n}" for n in result.get("notes", [])] + [""]
     return "\n".join(L)
 

@@ -104,6 +104,16 @@ def test_collect_reads_every_stage_seconds_and_the_largest_peak(tmp_path):
     assert st["report"]["status"] == "missing" and st["report"]["seconds"] is None
     assert not rec["all_done"] and rec["max_peak_reserved_gib"] == 7.5 and rec["fits_cap"] is True
     assert rec["seconds_total"] == sum(10.0 + i for i in range(len(chorus_mini.STAGES) - 1))
+    assert st["sft0"]["log_tail"] is None                   # a finished stage keeps no log
+
+
+def test_a_stage_that_did_not_finish_keeps_the_end_of_its_log(tmp_path):
+    stage = tmp_path / "merge"
+    stage.mkdir()
+    (stage / "stdout.log").write_text("".join(f"line {i}\n" for i in range(40)) + "MergeError: boom\n")
+    rec = capbench.stage_record(stage)
+    assert rec["status"] == "partial"
+    assert rec["log_tail"][-1] == "MergeError: boom" and len(rec["log_tail"]) == capbench.LOG_TAIL
 
 
 def test_budget_sets_are_valid_profile_overrides():

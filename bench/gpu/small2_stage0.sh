@@ -85,11 +85,12 @@ if [ "${PART:-}" = b ]; then
 fi
 if [ "${PART:-}" = cap ]; then
   # Every stage of the 4b (random Qwen3-4B-shaped model, nf4) and small profiles under a 24 GiB cap (issue 19).
-  # A process group of its own, so a cut call leaves no stage running; then one quick pass collects the JSON.
+  # A process group of its own, so a cut call leaves no stage running; then one quick pass collects the JSON
+  # (CAP_S + the 60 s pass + setup must stay under the call's 600 s: session 6 set CAP_S=560 and lost the pass).
   CB=(python3 bench/bench_pipeline_cap.py --profiles 4b small --model-small $M --eval-tasks runs/dev_tasks.jsonl
       --out runs/capbench --json $OUT/bench_4b_pipeline.json --sim-workers 7)
   CHORUS_GPU_CAP_GIB=24 setsid "${CB[@]}" --parallel > $OUT/capbench.log 2>&1 & P=$!
-  for i in $(seq ${CAP_S:-500}); do kill -0 $P 2>/dev/null || break; sleep 1; done
+  for i in $(seq ${CAP_S:-480}); do kill -0 $P 2>/dev/null || break; sleep 1; done
   kill -9 -- -$P 2>/dev/null; pkill -9 -f '(chorus_mini|sft|rl|distill|evaluate|merge|build_sft)\.py' 2>/dev/null
   CHORUS_GPU_CAP_GIB=24 timeout 60 "${CB[@]}" --stages data > $OUT/capbench_collect.log 2>&1
   tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
