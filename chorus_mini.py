@@ -168,10 +168,13 @@ PROFILES["small"] = {
     "grad_ckpt": False,        # a 135M model's activations fit an H200 easily; recomputing them costs time
     "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call; the fast decoder halves a
                                # batch whose KV cache would pass half the free memory (mem_get_info: follows the cap)
-    "max_tokens_per_micro": 8192,   # rl/distill padded tokens per forward/backward (the loss divides by the whole
-                               # batch's tokens: same update as 16384). Without checkpointing SmolLM2 keeps ~1.1 MB of
-                               # activations per token (saved-tensor count on CPU): ~9 GiB at 8192, 18 at 16384 (too
-                               # close to 24 GiB); release_fast None frees the decoder's state on a < 40 GiB card
+    "max_tokens_per_micro": "auto",  # rl/distill padded tokens per forward/backward, sized from the free GPU memory
+                               # (onpolicy.micro_tokens: a probe of the first batch's longest row; 60 % of the free
+                               # memory, at most 65536). The loss divides by the whole batch's tokens, so only the
+                               # split differs. SmolLM2 without checkpointing keeps ~1.1 MB of activations per token:
+                               # ~8k-token micro-batches under a 24 GiB cap, the 65536 ceiling on an H200, where big
+                               # micro-batches are faster (session 6: 6 s per update at 16384, ~13 s at 8192,
+                               # results/rl_throughput.md); release_fast None frees the decoder's state on a < 40 GiB card
     "train_tasks": 400,        # -> about 370 after decontamination; SFT rows and the RL prompt pool
     "real_tasks": 1000,        # + 1000 real designs of the shared corpus (results/corpus.md: 1555 pass every filter)
     "real_val_tasks": 20,      # + 20 real designs in the validation tasks

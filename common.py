@@ -14,6 +14,7 @@ Sections:
      static-KV-cache decoder for rollouts (fastgen.py: CUDA graphs on GPU, the same code eagerly on CPU
      so tests can compare it with HF)
 """
+import argparse
 import dataclasses
 import importlib.util
 import os
@@ -87,6 +88,20 @@ def apply_gpu_cap():
     print(f"[common] ${GPU_CAP_ENV}={text}: emulating a {cap:g} GiB card on {record['gpu']} "
           f"({record['total_gib']} GiB; fraction {record['cap_fraction']})")
     return record
+
+
+def parse_tokens_per_micro(text):
+    """--max-tokens-per-micro of sft.py, rl.py and distill.py: 'auto' (sized from the free GPU memory) or a
+    token count (0 = no split)."""
+    if str(text).lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens >= 0, got {n}")
+    return n
 
 
 def gpu_capacity_bytes():

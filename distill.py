@@ -289,7 +289,8 @@ def parse_args(argv=None):
     p.add_argument("--epsilon-low", type=float, default=0.2)
     p.add_argument("--epsilon-high", type=float, default=0.28, help="DAPO clip-higher, as in RL")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--max-tokens-per-micro", type=int, default=16384, help="padded tokens per micro-batch")
+    p.add_argument("--max-tokens-per-micro", type=common.parse_tokens_per_micro, default=16384,
+                   help="padded tokens per micro-batch; 'auto' = sized from the free GPU memory (onpolicy.micro_tokens)")
     onpolicy.add_runtime_args(p, save_every=10)
     p.add_argument("--cursor-start", type=int, default=0,
                    help="first position in the seeded task order: OPD continues on prompts RL has not used "
@@ -357,6 +358,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
     release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    micro_memo = {}            # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
     try:
         while True:
@@ -392,6 +394,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                     rows += g.samples
                     advantages += compute_advantages(g.rewards, len(g.samples)).tolist()
                     labels += ["rl"] * len(g.samples)
+            every = [s for g, mode in zip(groups, modes) if mode in ("rl", "opd") for s in g.samples]
+            micro = onpolicy.micro_tokens(model, every, args.max_tokens_per_micro, micro_memo) if every else None
             kl = {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
             for t, name in enumerate(names):         # open gate: task reward dropped, distill toward t*
                 opd_rows = [s for g, d, mode in zip(groups, decisions, modes)
@@ -400,7 +404,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                     lo, hi = dist.shard_range(len(opd_rows))    # this rank's block; all ranks get every row's
                     adv, sums = distill_advantages(model, opd_rows[lo:hi], name, temperature=args.temperature,
                                                    topk=args.topk, lam=args.lam, pad_token_id=pad_id,
-                                                   max_tokens_per_micro=args.max_tokens_per_micro)
+                                                   max_tokens_per_micro=micro)
                     adv, sums = dist.gather_lists(adv), dist.all_sum(sums)
                     rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
                     kl = {k: kl[k] + sums[k] for k in kl}
@@ -410,7 +414,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 stats = train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
                                           epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
                                           max_grad_norm=args.max_grad_norm, norm_groups=labels,
-                                          max_tokens_per_micro=args.max_tokens_per_micro, pad_token_id=pad_id)
+                                          max_tokens_per_micro=micro, pad_token_id=pad_id)
             else:      # every group skipped: no gradient and no optimizer step
                 stats = {"grad_norm": 0.0}
             t2 = time.perf_counter()
@@ -422,7 +426,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                    "t_gen": timings["t_gen"] + t_timings["t_gen"], "t_sim": timings["t_sim"] + t_timings["t_sim"],
                    **{k: v for k, v in timings.items() if k.startswith("t_") and k not in ("t_gen", "t_sim")},
                    "t_teacher_gen": t_timings["t_gen"], "t_teacher_sim": t_timings["t_sim"], "t_adv": t_adv,
-                   "t_ckpt": t_ckpt, "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
+                   "t_ckpt": t_ckpt, "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
+                   "micro_tokens": micro if micro is None or micro < 1 << 62 else 0, **micro_memo.pop("probe", {})}
             log.append(row)
             rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"

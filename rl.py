@@ -52,7 +52,7 @@ import harness
 import rundir
 import sim
 from onpolicy import (add_rollout_args, add_runtime_args, build_policy, collect_groups, derive_seed,
-                      make_model_source, make_optimizer, make_scorer, micro_batches, per_token_logps,
+                      make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens, per_token_logps,
                       release_fast_default, rollout_metrics, use_adapter)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
@@ -309,7 +309,9 @@ def parse_args(argv=None):
     p.add_argument("--epsilon-high", type=float, default=0.28, help="DAPO clip-higher")
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--steps-per-generation", type=int, default=1, help="optimizer steps per rollout batch (paper: 1)")
-    p.add_argument("--max-tokens-per-micro", type=int, default=16384, help="padded tokens per micro-batch (gradient accumulation)")
+    p.add_argument("--max-tokens-per-micro", type=common.parse_tokens_per_micro, default=16384,
+                   help="padded tokens per micro-batch (gradient accumulation); 'auto' = sized from the free GPU "
+                        "memory by a probe of the first batch's longest row (onpolicy.micro_tokens); 0 = no split")
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
                    help="drop zero-variance groups and refill (profile: paper off, small on)")
     p.add_argument("--max-extra-prompts", type=int, default=None, help="refill cap per step (default 2 x P)")
@@ -362,6 +364,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                                    release_fast=release_fast_default(args.release_fast),
                                    answer_mode=getattr(args, "answer_mode", "testbench"))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
     try:
         while True:
@@ -382,11 +385,12 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             t1 = time.perf_counter()
             rows = [s for g in groups for s in g.samples]
             torch.manual_seed(derive_seed(args.seed, "train", step))
+            micro = micro_tokens(model, rows, args.max_tokens_per_micro, micro_memo) if rows else None
             if rows:
                 advantages = compute_advantages([s.reward for s in rows], args.group_size)
                 stats = train_on_batch(model, optimizer, rows, advantages.tolist(), temperature=args.temperature,
                                        epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
-                                       max_grad_norm=args.max_grad_norm, max_tokens_per_micro=args.max_tokens_per_micro,
+                                       max_grad_norm=args.max_grad_norm, max_tokens_per_micro=micro,
                                        steps_per_generation=args.steps_per_generation, beta=args.kl_beta,
                                        ref_adapter=ref_adapter, pad_token_id=pad_id)
             else:   # dynamic sampling found no informative group within the cap: no update
@@ -397,7 +401,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                    "extra_prompts": timings["extra_prompts"], "unused_prompts": timings["unused_prompts"],
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
                    **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": t_ckpt,
-                   "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor}
+                   "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
+                   "micro_tokens": micro if micro is None or micro < 1 << 62 else 0, **micro_memo.pop("probe", {})}
             log.append(row)
             rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"

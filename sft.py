@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import common
+from common import parse_tokens_per_micro  # noqa: F401  (sft.parse_tokens_per_micro: tests)
 import dist
 import rundir
 import sim
@@ -148,19 +149,6 @@ def split_rows(idx, lengths, max_tokens):
     if cur:
         pieces.append(cur)
     return pieces
-
-
-def parse_tokens_per_micro(text):
-    """--max-tokens-per-micro: 'auto' or a token count (0 = no split)."""
-    if str(text).lower() == "auto":
-        return "auto"
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of tokens >= 0, got {n}")
-    return n
 
 
 def auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16, optimizer_state=True, fill=0.75):

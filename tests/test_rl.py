@@ -548,3 +548,14 @@ def test_micro_batches_pack_rows_of_similar_length_under_the_token_budget():
     assert onpolicy.micro_batches(rows, 16) == [[1, 3], [2, 0]]          # padded 2x8 + 2x3 = 22 (in order: 30)
     assert onpolicy.micro_batches(rows, 1) == [[1], [3], [2], [0]]       # a longer row goes alone
     assert onpolicy.micro_batches([], 16) == []
+
+
+def test_micro_tokens_passes_numbers_through_and_auto_on_cpu_takes_the_cpu_budget(tiny):
+    model, _ = tiny
+    m = _lora(model)
+    rows = [SimpleNamespace(prompt_ids=[0] * 3000, completion_ids=[0] * 2000),
+            SimpleNamespace(prompt_ids=[0], completion_ids=[0] * 9)]
+    assert onpolicy.micro_tokens(m, rows, 8192, {}) == 8192
+    assert onpolicy.micro_tokens(m, rows, 0, {}) >= 1 << 62                       # 0 = no split
+    assert onpolicy.micro_tokens(m, rows, "auto", {}) == max(onpolicy.AUTO_CPU_TOKENS, 5000)
+    assert onpolicy.micro_tokens(m, rows[1:], "auto", {}) == onpolicy.AUTO_CPU_TOKENS
