@@ -1,6 +1,6 @@
 """The whole-pipeline command (chorus_mini.py run): --set parsing, stage markers, resume, --from, report.
 
-    python -m pytest -q tests/test_pipeline.py            # ~40 s on 2 quiet cores, ~2.5 min on busy ones
+    python -m pytest -q tests/test_pipeline.py            # a few minutes: the two pipeline runs (slow)
     python -m pytest -q tests/test_pipeline.py -m "not slow"
 
 The pipeline test runs every stage on the tiny random model (--set model=tiny) with 2 synthetic eval tasks.
