@@ -57,7 +57,6 @@ rejected reasons, kinds; pool totals; teacher coverage; decontamination drops; c
 """
 import argparse
 import concurrent.futures
-import glob
 import gzip
 import hashlib
 import json
@@ -71,9 +70,12 @@ from collections import Counter
 from pathlib import Path
 
 import pyslang
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, common.py
 
+import common  # noqa: E402
+import sim  # noqa: E402
 from data import designs, teacher  # noqa: E402
 
 RTL_EXT = (".v", ".sv", ".vh", ".svh")
@@ -388,7 +390,6 @@ class Tokens:
         self.kind, self.tok = kind, None
         if kind == "smollm2":
             try:
-                import common
                 from transformers import AutoTokenizer
                 self.tok = AutoTokenizer.from_pretrained(common.gguf_to_hf_folder(common.default_model_path()))
                 self.tok.model_max_length = 10 ** 9      # counting only: no warning on long designs
@@ -407,7 +408,6 @@ class Tokens:
     def prompt(self, messages):
         if self.tok is None:
             return math.ceil(sum(len(m["content"]) for m in messages) / CHARS_PER_TOKEN) + 10 * len(messages)
-        import common
         return len(common.chat_ids(self.tok, messages))
 
 
@@ -437,8 +437,6 @@ def make_task(cand, top, rtl_files, n_tokens):
 
 def _check_compiles(tasks, workers, cfg):
     """sim.prepare_check on every task (threads: the work is the sandboxed iverilog subprocess)."""
-    import sim
-    from tqdm import tqdm
     with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as ex:
         futs = [ex.submit(sim.prepare_check, t["rtl_files"], t["dut_module_name"], cfg) for t in tasks]
         out = []
@@ -461,15 +459,192 @@ def _teacher_check(task):
     return None
 
 
+class Funnel:
+    """Per-source counts of the filters (funnel, rejected reasons, kinds read and kept) and a sample of the
+    rejected designs with their reasons: what pool_stats.json reports."""
+
+    def __init__(self):
+        self.sources, self.examples = {}, []
+
+    def of(self, src):
+        return self.sources.setdefault(src, {"funnel": {f: 0 for f in FUNNEL}, "rejected": Counter(),
+                                             "kinds_read": Counter(), "kinds_pool": Counter()})
+
+    def passed(self, task, stage):
+        self.of(task["source"]["pool_source"])["funnel"][stage] += 1
+
+    def reject(self, task_or_cand, reason, detail=""):
+        src = task_or_cand["source"]["pool_source"] if "rtl_files" in task_or_cand else task_or_cand["source"]
+        self.of(src)["rejected"][reason] += 1
+        if len(self.examples) < 2000:
+            self.examples.append({"id": task_or_cand["id"], "reason": reason, "detail": str(detail)[:300]})
+
+    def report(self):
+        """{source: funnel, rejected, kinds_read, kinds_pool, real_designs} and the pool's kinds."""
+        kinds = Counter()
+        for s in self.sources.values():
+            kinds.update(s["kinds_pool"])
+        return dict(kinds), {src: {"funnel": s["funnel"], "rejected": dict(s["rejected"].most_common()),
+                                   "kinds_read": dict(s["kinds_read"]), "kinds_pool": dict(s["kinds_pool"]),
+                                   "real_designs": sum(s["kinds_pool"].values())}
+                             for src, s in self.sources.items()}
+
+
+def read_unique(sources, toks, k, funnel):
+    """1. read, parse, top, size, de-duplicate: the candidates of every source as tasks."""
+    tasks, seen = [], set()
+    for source in sources:
+        for cand in tqdm(source, desc="read", unit="design", file=sys.stderr, leave=False):
+            s = funnel.of(cand["source"])
+            s["funnel"]["read"] += 1
+            s["kinds_read"][cand["kind"]] += 1
+            try:
+                top, rtl_files = design_files(cand)
+            except ValueError as e:
+                reason, detail = e.args if len(e.args) == 2 else ("no_module", str(e))
+                funnel.reject(cand, reason, detail)
+                continue
+            s["funnel"]["parsed"] += 1
+            rtl = "\n".join(f["content"] for f in rtl_files)
+            n = toks.count(rtl)
+            if n < k["min_tokens"] or n > k["max_tokens"]:
+                funnel.reject(cand, "too_small" if n < k["min_tokens"] else "too_large", f"{n} tokens")
+                continue
+            s["funnel"]["size_ok"] += 1
+            key = hashlib.sha256((top + "\0" + "\0".join(sorted(normalise(f["content"]) for f in rtl_files)))
+                                 .encode()).hexdigest()
+            if key in seen:
+                funnel.reject(cand, "duplicate")
+                continue
+            seen.add(key)
+            s["funnel"]["unique"] += 1
+            tasks.append(make_task(cand, top, rtl_files, n))
+    return tasks
+
+
+def take_sample(tasks, sample, seed, funnel):
+    """A seeded sample: enough shuffled candidates that the later filters still leave `sample`."""
+    random.Random(seed).shuffle(tasks)
+    for t in tasks[SAMPLE_SLACK * sample + 8:]:
+        funnel.reject(t, "not_sampled")
+    return tasks[:SAMPLE_SLACK * sample + 8]
+
+
+def decontaminate(tasks, eval_tasks, threshold, funnel):
+    """2. drop the tasks too close to any evaluation task -> (kept tasks, rows of the dropped ones)."""
+    decon = []
+    if eval_tasks:
+        _, dropped = designs.contamination_filter(tasks, list(eval_tasks), threshold=threshold)
+        drop_ids = {d["id"] for d in dropped}
+        by_id = {t["id"]: t for t in tasks}
+        for d in dropped:
+            t = by_id[d["id"]]
+            funnel.reject(t, "contaminated", f"{d['eval_id']} ngram {d['ngram_f1']} rouge_l {d['rouge_l_f1']}")
+            decon.append({**d, "source": t["source"]["pool_source"]})
+        tasks = [t for t in tasks if t["id"] not in drop_ids]
+    for t in tasks:
+        funnel.passed(t, "decontaminated")
+    return tasks, decon
+
+
+def keep_compiling(tasks, workers, cfg, funnel):
+    """3. the tasks that compile alone and instrument (sim.py prepare)."""
+    kept = []
+    for t, (ok, msg) in zip(tasks, _check_compiles(tasks, workers, cfg)):
+        if ok:
+            kept.append(t)
+            funnel.passed(t, "compiles")
+        else:
+            funnel.reject(t, "instrument_error" if msg.startswith("prepare failed") else "compile_error", msg)
+    return kept
+
+
+def keep_drivable(tasks, toks, max_prompt_tokens, funnel):
+    """4. the template teacher drives it; 5. its prompt fits (sets t["prompt_tokens"])."""
+    kept = []
+    for t in tqdm(tasks, desc="teacher + prompt", unit="design", file=sys.stderr):
+        bad = _teacher_check(t)
+        if bad:
+            funnel.reject(t, *bad)
+            continue
+        funnel.passed(t, "teacher_drives")
+        n = toks.prompt(common.build_messages(t))
+        if n > max_prompt_tokens:
+            funnel.reject(t, "prompt_too_long", f"{n} tokens")
+            continue
+        t["prompt_tokens"] = n
+        funnel.passed(t, "prompt_fits")
+        kept.append(t)
+    return kept
+
+
+class Calibration:
+    """6. the teacher's testbenches simulated on each task (teacher.calibrate): what is kept, and the totals."""
+
+    def __init__(self, n_tasks):
+        self.to_calibrate, self.calibrated, self.n_pool, self.unreached, self.passed = n_tasks, 0, 0, 0, 0
+        self.strong, self.rtl_tokens, self.prompt_tokens = [], [], []
+
+    def keep(self, t, k, funnel):
+        """True when the calibrated task t goes into the pool (counted), False when it is rejected."""
+        if k["sample"] and self.n_pool >= k["sample"]:
+            funnel.reject(t, "not_sampled")      # the sample is full: calibrated, not kept
+            return False
+        cal = t["icarus_calibration"]
+        target = next(x["target_percentage"] for x in t["targets"] if x["metric"] == teacher.ICARUS_METRIC)
+        if not cal["reached_pct"]:
+            self.unreached += 1
+            funnel.reject(t, "teacher_reaches_nothing", json.dumps({a: cal[a] for a in ("strong_pct", "long_pct")}))
+            if not k["keep_unreached"]:
+                return False
+        else:
+            funnel.passed(t, "teacher_reaches")
+        funnel.of(t["source"]["pool_source"])["kinds_pool"][t["source"]["kind"]] += 1
+        sp = cal["strong_pct"]
+        self.strong.append(sp or 0.0)
+        self.passed += sp is not None and sp >= target
+        self.n_pool += 1
+        self.rtl_tokens.append(t["rtl_tokens"])
+        self.prompt_tokens.append(t["prompt_tokens"])
+        return True
+
+
+def pool_stats(complete, cal, funnel, decon, eval_tasks, k, toks, t0):
+    """The pool_stats.json document."""
+    pool_by_kind, sources = funnel.report()
+    n = max(1, len(cal.strong))
+    return {
+        "complete": complete, "calibrated": cal.calibrated, "to_calibrate": cal.to_calibrate,
+        "real_designs": cal.n_pool,
+        "pool_by_kind": pool_by_kind,
+        "sources": sources,
+        "teacher": {"level": "strong", "mean_coverage_pct": round(sum(cal.strong) / n, 2),
+                    "pass_rate_vs_icarus_target": round(cal.passed / n, 4),
+                    "designs_reaching_nothing": cal.unreached},
+        "decontamination": {"eval_files": [e if isinstance(e, str) else f"<{len(e)} tasks>" for e in eval_tasks],
+                            "threshold": k["threshold"], "dropped": len(decon), "rows": decon},
+        "rtl_tokens": cal.rtl_tokens, "prompt_tokens": cal.prompt_tokens,
+        "config": {**k, "tokenizer": toks.kind, "chars_per_token": CHARS_PER_TOKEN if toks.kind == "chars" else None},
+        "seconds": round(time.time() - t0, 1),
+        "rejected_examples": funnel.examples,
+    }
+
+
+def write_json(path, doc):
+    """Write doc to path through a temporary file, so a reader never sees half of it."""
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
 def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
     """Filter and calibrate the candidate designs of `sources` -> pool.jsonl + pool_stats.json in out_dir.
 
-    sources: iterables of candidates (read_corpus / read_hf / read_folder) or (name, iterable) pairs.
+    sources: iterables of candidates (read_corpus / read_hf / read_folder).
     eval_tasks: evaluation task files (JSONL paths) or lists of task dicts to decontaminate against.
     knobs: see DEFAULTS (min_tokens, max_tokens, max_prompt_tokens, threshold, workers, chunk, tokenizer,
-    keep_unreached, sim_timeout_s). Returns the stats dict (also written as pool_stats.json)."""
-    import sim
-    from tqdm import tqdm
+    keep_unreached, sim_timeout_s, sample, seed). Returns the stats dict (also written as pool_stats.json)."""
     unknown = set(knobs) - set(DEFAULTS) - {"submodules", "max_submodules"}
     if unknown:
         raise PoolError(f"unknown knob(s): {', '.join(sorted(unknown))}")
@@ -479,169 +654,38 @@ def build_pool(sources, out_dir, eval_tasks=(), *, log=None, **knobs):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     toks = Tokens(k["tokenizer"])
-    stats = {}
-    rejected_examples = []
+    funnel = Funnel()
 
-    def st(src):
-        return stats.setdefault(src, {"funnel": {f: 0 for f in FUNNEL}, "rejected": Counter(),
-                                      "kinds_read": Counter(), "kinds_pool": Counter()})
-
-    def reject(task_or_cand, reason, detail=""):
-        src = task_or_cand["source"]["pool_source"] if "rtl_files" in task_or_cand else task_or_cand["source"]
-        st(src)["rejected"][reason] += 1
-        if len(rejected_examples) < 2000:
-            rejected_examples.append({"id": task_or_cand["id"], "reason": reason, "detail": str(detail)[:300]})
-
-    # 1. read, parse, top, size, de-duplicate
-    tasks, seen = [], set()
-    for source in sources:
-        for cand in tqdm(source, desc="read", unit="design", file=sys.stderr, leave=False):
-            s = st(cand["source"])
-            s["funnel"]["read"] += 1
-            s["kinds_read"][cand["kind"]] += 1
-            try:
-                top, rtl_files = design_files(cand)
-            except ValueError as e:
-                reason, detail = e.args if len(e.args) == 2 else ("no_module", str(e))
-                reject(cand, reason, detail)
-                continue
-            s["funnel"]["parsed"] += 1
-            rtl = "\n".join(f["content"] for f in rtl_files)
-            n = toks.count(rtl)
-            if n < k["min_tokens"] or n > k["max_tokens"]:
-                reject(cand, "too_small" if n < k["min_tokens"] else "too_large", f"{n} tokens")
-                continue
-            s["funnel"]["size_ok"] += 1
-            key = hashlib.sha256((top + "\0" + "\0".join(sorted(normalise(f["content"]) for f in rtl_files)))
-                                 .encode()).hexdigest()
-            if key in seen:
-                reject(cand, "duplicate")
-                continue
-            seen.add(key)
-            s["funnel"]["unique"] += 1
-            tasks.append(make_task(cand, top, rtl_files, n))
+    tasks = read_unique(sources, toks, k, funnel)
     say(f"design_pool: {len(tasks)} unique designs in size bounds ({time.time() - t0:.0f}s)")
-    if k["sample"]:     # a seeded sample: enough candidates that the later filters still leave `sample`
-        random.Random(k["seed"]).shuffle(tasks)
-        for t in tasks[SAMPLE_SLACK * k["sample"] + 8:]:
-            reject(t, "not_sampled")
-        tasks = tasks[:SAMPLE_SLACK * k["sample"] + 8]
-
-    def src_of(t):
-        return t["source"]["pool_source"]
-
-    # 2. decontaminate against every evaluation file
-    decon = []
-    if eval_tasks:
-        kept, dropped = designs.contamination_filter(tasks, list(eval_tasks), threshold=k["threshold"])
-        drop_ids = {d["id"] for d in dropped}
-        by_id = {t["id"]: t for t in tasks}
-        for d in dropped:
-            reject(by_id[d["id"]], "contaminated", f"{d['eval_id']} ngram {d['ngram_f1']} rouge_l {d['rouge_l_f1']}")
-            decon.append({**d, "source": src_of(by_id[d["id"]])})
-        tasks = [t for t in tasks if t["id"] not in drop_ids]
-    for t in tasks:
-        st(src_of(t))["funnel"]["decontaminated"] += 1
+    if k["sample"]:
+        tasks = take_sample(tasks, k["sample"], k["seed"], funnel)
+    tasks, decon = decontaminate(tasks, eval_tasks, k["threshold"], funnel)
     say(f"design_pool: {len(tasks)} after decontamination ({len(decon)} dropped, {time.time() - t0:.0f}s)")
-
-    # 3. compiles alone and instruments (sim.py prepare)
     cfg = sim.ScoreConfig(timeout_s=k["sim_timeout_s"])
-    checks = _check_compiles(tasks, k["workers"], cfg)
-    ok_tasks = []
-    for t, (ok, msg) in zip(tasks, checks):
-        if ok:
-            ok_tasks.append(t)
-            st(src_of(t))["funnel"]["compiles"] += 1
-        else:
-            reject(t, "instrument_error" if msg.startswith("prepare failed") else "compile_error", msg)
-    tasks = ok_tasks
-
-    # 4. the template teacher drives it; 5. the prompt fits
-    ok_tasks = []
-    for t in tqdm(tasks, desc="teacher + prompt", unit="design", file=sys.stderr):
-        bad = _teacher_check(t)
-        if bad:
-            reject(t, *bad)
-            continue
-        st(src_of(t))["funnel"]["teacher_drives"] += 1
-        import common
-        n = toks.prompt(common.build_messages(t))
-        if n > k["max_prompt_tokens"]:
-            reject(t, "prompt_too_long", f"{n} tokens")
-            continue
-        t["prompt_tokens"] = n
-        st(src_of(t))["funnel"]["prompt_fits"] += 1
-        ok_tasks.append(t)
-    tasks = ok_tasks
+    tasks = keep_compiling(tasks, k["workers"], cfg, funnel)
+    tasks = keep_drivable(tasks, toks, k["max_prompt_tokens"], funnel)
     say(f"design_pool: {len(tasks)} designs to calibrate ({time.time() - t0:.0f}s)")
 
-    # 6. teacher testbenches, simulated: the Icarus-calibrated target (chunks, streamed to pool.jsonl;
-    #    pool_stats.json is rewritten after every chunk with complete = false until the end)
-    pool_path = out / "pool.jsonl"
-    n_pool, strong, passed, unreached = 0, [], 0, 0
-
-    def write_stats(complete):
-        kinds = Counter()
-        for s in stats.values():
-            kinds.update(s["kinds_pool"])
-        result = {
-            "complete": complete, "calibrated": calibrated, "to_calibrate": len(tasks),
-            "real_designs": n_pool,
-            "pool_by_kind": dict(kinds),
-            "sources": {src: {"funnel": s["funnel"], "rejected": dict(s["rejected"].most_common()),
-                              "kinds_read": dict(s["kinds_read"]), "kinds_pool": dict(s["kinds_pool"]),
-                              "real_designs": sum(s["kinds_pool"].values())} for src, s in stats.items()},
-            "teacher": {"level": "strong", "mean_coverage_pct": round(sum(strong) / max(1, len(strong)), 2),
-                        "pass_rate_vs_icarus_target": round(passed / max(1, len(strong)), 4),
-                        "designs_reaching_nothing": unreached},
-            "decontamination": {"eval_files": [e if isinstance(e, str) else f"<{len(e)} tasks>" for e in eval_tasks],
-                                "threshold": k["threshold"], "dropped": len(decon), "rows": decon},
-            "rtl_tokens": rtl_tokens, "prompt_tokens": prompt_tokens,
-            "config": {**k, "tokenizer": toks.kind, "chars_per_token": CHARS_PER_TOKEN if toks.kind == "chars" else None},
-            "seconds": round(time.time() - t0, 1),
-            "rejected_examples": rejected_examples,
-        }
-        tmp = out / "pool_stats.json.tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(tmp, out / "pool_stats.json")
-        return result
-
-    calibrated, rtl_tokens, prompt_tokens = 0, [], []
+    # 6. calibrate in chunks, streamed to pool.jsonl; pool_stats.json is rewritten after every chunk with
+    #    complete = false until the end
+    pool_path, cal = out / "pool.jsonl", Calibration(len(tasks))
     with open(pool_path, "w") as f, tqdm(total=len(tasks), desc="calibrate (teacher sims)", unit="design",
                                          file=sys.stderr) as bar:
         for i in range(0, len(tasks), k["chunk"]):
-            if k["sample"] and n_pool >= k["sample"]:
+            if k["sample"] and cal.n_pool >= k["sample"]:
                 break
             chunk = teacher.calibrate(tasks[i:i + k["chunk"]], workers=k["workers"], cfg=cfg)
             for t in chunk:
-                if k["sample"] and n_pool >= k["sample"]:
-                    reject(t, "not_sampled")      # the sample is full: calibrated, not kept
-                    continue
-                cal = t["icarus_calibration"]
-                target = next(x["target_percentage"] for x in t["targets"] if x["metric"] == teacher.ICARUS_METRIC)
-                if not cal["reached_pct"]:
-                    unreached += 1
-                    reject(t, "teacher_reaches_nothing", json.dumps({a: cal[a] for a in ("strong_pct", "long_pct")}))
-                    if not k["keep_unreached"]:
-                        continue
-                else:
-                    st(src_of(t))["funnel"]["teacher_reaches"] += 1
-                s = st(src_of(t))
-                s["kinds_pool"][t["source"]["kind"]] += 1
-                sp = cal["strong_pct"]
-                strong.append(sp or 0.0)
-                passed += sp is not None and sp >= target
-                f.write(json.dumps(t) + "\n")
-                n_pool += 1
-                rtl_tokens.append(t["rtl_tokens"])
-                prompt_tokens.append(t["prompt_tokens"])
+                if cal.keep(t, k, funnel):
+                    f.write(json.dumps(t) + "\n")
             f.flush()
-            calibrated += len(chunk)
+            cal.calibrated += len(chunk)
             bar.update(len(chunk))
-            write_stats(False)
-    result = write_stats(True)
-    say(f"design_pool: {n_pool} designs -> {pool_path} ({result['seconds']:.0f}s)")
+            write_json(out / "pool_stats.json", pool_stats(False, cal, funnel, decon, eval_tasks, k, toks, t0))
+    result = pool_stats(True, cal, funnel, decon, eval_tasks, k, toks, t0)
+    write_json(out / "pool_stats.json", result)
+    say(f"design_pool: {cal.n_pool} designs -> {pool_path} ({result['seconds']:.0f}s)")
     return result
 
 

@@ -29,3 +29,28 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def shared_dir():
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def experts(tmp_path_factory):
+    """Saved adapters student/t0/t1 on the tiny base distill.py builds with --seed helpers.EXPERTS_SEED (random
+    non-zero B, so they differ) -> ({name: path}, the base model, its tokenizer). Made once per test run;
+    tests read the adapters and never write into their folders."""
+    import copy
+
+    import torch       # here, not at the top: the simulator tests need no torch (seconds of import on 2 cores)
+
+    import common
+    from helpers import EXPERTS_SEED
+    root = tmp_path_factory.mktemp("experts")
+    model, tok = common.tiny_model(seed=EXPERTS_SEED)
+    paths = {}
+    for i, name in enumerate(["student", "t0", "t1"]):
+        torch.manual_seed(100 + i)
+        m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.3)
+        paths[name] = str(common.save_adapter(m, str(root / name)))
+    return paths, model, tok

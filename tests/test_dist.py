@@ -8,7 +8,6 @@ scripted (fixed completions and rewards per task and round), so both runs see th
 
 Run: python -m pytest -q tests/test_dist.py
 """
-import copy
 import json
 import os
 import shutil
@@ -29,9 +28,10 @@ import evaluate  # noqa: E402
 import rl  # noqa: E402
 import rundir  # noqa: E402
 import sft  # noqa: E402
+from helpers import EXPERTS_SEED  # noqa: E402
 from onpolicy import Group, Sample, Score  # noqa: E402
 
-SEED = 42
+SEED = EXPERTS_SEED   # the `experts` fixture's base (conftest.py); also the runs' seed
 TASKS = [{"id": f"t{k}"} for k in range(6)]
 TEXTS = ["initial a = 0;", "initial begin b = 1; #5 b = 0; end", "reg [3:0] c;",
          "always @(posedge clk) d <= ~d; // a longer line", "wire e;", "assign f = g & h;"]
@@ -104,21 +104,6 @@ def run_sft(out, stop_after=None, resume=False):
     return sft.train_sft(model, tok, SFT_ROWS, out, batch_size=2, grad_accum=3, lr=1e-2, lora_r=4, lora_alpha=8,
                          lora_dropout=0.0, seed=SEED, save_every=1, stop_after_steps=stop_after, resume=resume,
                          progress=False)
-
-
-def make_experts(root):
-    """Saved adapters student/t0/t1 on the tiny base distill.py builds (random non-zero B: they differ)."""
-    model, _ = common.tiny_model(seed=SEED)
-    paths = {}
-    for i, name in enumerate(["student", "t0", "t1"]):
-        torch.manual_seed(100 + i)
-        m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
-        with torch.no_grad():
-            for n, p in m.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.3)
-        paths[name] = str(common.save_adapter(m, str(Path(root) / name)))
-    return paths
 
 
 EVAL_TASKS = [{"id": f"e{k}", "spec_files": [], "rtl_files": [{"name": f"m{k}.sv", "content": f"module m{k}; endmodule\n"}],
@@ -197,10 +182,10 @@ def test_chorus_mini_gpus_launches_the_training_and_eval_stages_with_accelerate(
 # 2 processes vs 1
 
 @pytest.fixture(scope="module")
-def two_procs(tmp_path_factory):
+def two_procs(tmp_path_factory, experts):
     """Run the worker under 2 gloo processes once; returns its output folder."""
     out = tmp_path_factory.mktemp("dist2")
-    (out / "experts.json").write_text(json.dumps(make_experts(out / "experts")))
+    (out / "experts.json").write_text(json.dumps(experts[0]))
     env = {**os.environ, "DIST_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

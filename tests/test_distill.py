@@ -3,7 +3,6 @@ against brute force, the advantage sign, and CPU steps with a tiny student and t
 
 Run: python -m pytest -q tests/test_distill.py
 """
-import copy
 import json
 import math
 from types import SimpleNamespace
@@ -17,8 +16,9 @@ import distill
 import onpolicy
 import rl
 import rundir
-from onpolicy import Group, Sample, Score
 from distill import gate, group_mode, group_stat, topk_reverse_kl, vopd_advantages
+from helpers import EXPERTS_SEED
+from onpolicy import Group, Sample, Score
 
 
 # -----------------------------------------------------------------------------
@@ -140,24 +140,8 @@ def test_vopd_advantages_formula_and_detach():
 # -----------------------------------------------------------------------------
 # a tiny base model with three adapters on it: the student and two teachers
 
-SEED = 42          # distill.py builds its tiny base with --seed; the adapters are made on the same one
-
-
-@pytest.fixture(scope="module")
-def experts(tmp_path_factory):
-    """Saved adapters student/t0/t1 (random non-zero B, so they differ) and the tiny (model, tok)."""
-    root = tmp_path_factory.mktemp("experts")
-    model, tok = common.tiny_model(seed=SEED)
-    paths = {}
-    for i, name in enumerate(["student", "t0", "t1"]):
-        torch.manual_seed(100 + i)
-        m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
-        with torch.no_grad():
-            for n, p in m.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.3)
-        paths[name] = str(common.save_adapter(m, str(root / name)))
-    return paths, model, tok
+SEED = EXPERTS_SEED   # distill.py builds its tiny base with --seed; the `experts` fixture (conftest.py) made
+                     # the adapters on the same one
 
 
 def _args(paths, out, *extra):

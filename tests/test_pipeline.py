@@ -1,6 +1,6 @@
 """The whole-pipeline command (chorus_mini.py run): --set parsing, stage markers, resume, --from, report.
 
-    python -m pytest -q tests/test_pipeline.py            # ~40 s on 2 quiet cores, ~2.5 min on busy ones
+    python -m pytest -q tests/test_pipeline.py            # a few minutes: the two pipeline runs (slow)
     python -m pytest -q tests/test_pipeline.py -m "not slow"
 
 The pipeline test runs every stage on the tiny random model (--set model=tiny) with 2 synthetic eval tasks.
@@ -10,13 +10,14 @@ peak RSS) is tested on its own with a command that imports no torch.
 """
 import json
 import os
-import runpy
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import chorus_mini as cm
+from helpers import EXECUTED, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,30 +128,6 @@ def test_eval_of_some_models_needs_only_their_stages(tmp_path, monkeypatch):
 # -----------------------------------------------------------------------------
 # the whole pipeline on the tiny model
 
-def in_process(cmd, log_path):
-    """cm.execute without the subprocess: the script runs here as __main__ with its argv."""
-    executed.append(str(cmd))
-    with open(log_path, "a") as log:
-        log.write(f"\n$ {cmd}\n")
-    if cmd.fn is not None:
-        cmd.fn()
-        return 0, None, None
-    script, *argv = cmd.argv[1:]
-    saved = sys.argv, os.getcwd()
-    sys.argv = [script, *argv]
-    os.chdir(ROOT)
-    try:
-        runpy.run_path(str(ROOT / script), run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = saved[0]
-        os.chdir(saved[1])
-    return code, None, None
-
-
-executed = []
 TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=no/such.jsonl",
         "--set", "sim_workers=2", "--set", "max_new_tokens=24", "--set", "test_tasks=2", "--set", "real_tasks=0"]
 
@@ -170,10 +147,20 @@ def fixture_corpus(folder):
     return folder
 
 
+@pytest.fixture
+def one_torch_thread():
+    """The stage scripts in this interpreter on one torch thread, whatever earlier tests left: on a busy
+    2-core box two spinning threads made the whole pipeline ~5x slower (523 s against 94 s)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.slow
 @pytest.mark.needs_iverilog
-def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cm, "execute", in_process)
+def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_torch_thread):
+    monkeypatch.setattr(cm, "execute", run_in_process)
     out = tmp_path / "run"
     tiny = [*TINY, "--set", "real_tasks=2", "--set", "real_val_tasks=1",
             "--set", f"real_corpus={fixture_corpus(tmp_path / 'corpus')}"]
@@ -204,9 +191,9 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
     assert (out / "report" / "experts_heatmap.png").is_file() and (out / "report" / "rl0_curves.png").is_file()
 
     # a second run finds every done.json and runs nothing
-    executed.clear()
+    EXECUTED.clear()
     assert cm.main(["run", "--out", str(out), *tiny]) == 0
-    assert executed == []
+    assert EXECUTED == []
     assert capsys.readouterr().out.count(": done, skipped") == len(cm.STAGES)
 
     # --from compare redoes compare and report only
@@ -214,17 +201,23 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys):
     assert cm.main(["run", "--out", str(out), "--from", "compare", *tiny]) == 0
     after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
     assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
-    assert [c.split()[2] for c in executed] == ["compare"] * 4 + ["report"]
+    assert [c.split()[2] for c in EXECUTED] == ["compare"] * 4 + ["report"]
 
 
 @pytest.mark.slow
 @pytest.mark.needs_iverilog
 def test_run_small_lanes_finish_the_pipeline(tmp_path):
     """bench/gpu/run_small.sh (the GPU box's way to run a profile in parallel lanes) on the tiny model:
-    every stage completes, each model is evaluated once, and the report is written."""
+    every stage completes, each model is evaluated once, and the report is written. Its PYTHON runs
+    chorus_mini.py with the stage commands in the same interpreter (tests/chorus_in_process.py)."""
     import subprocess
     out = tmp_path / "lanes"
-    env = {**os.environ, "PROFILE": "smoke", "PYTHON": sys.executable}
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests/chorus_in_process.py'} \"$@\"\n")
+    python.chmod(0o755)
+    # one torch thread per process: five lanes share the cores, and torch's spinning threads would fight over
+    # them (the three OPD stages side by side took ~4 min each instead of ~5 s)
+    env = {**os.environ, "PROFILE": "smoke", "PYTHON": str(python), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     sets = [a for a in TINY[2:] if a != "--set"]
     argv = ["bash", str(ROOT / "bench/gpu/run_small.sh"), str(out)] + [x for s in sets for x in ("--set", s)]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500)

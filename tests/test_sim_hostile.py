@@ -5,24 +5,13 @@ Run: python -m pytest -q tests/test_sim_hostile.py
 """
 import dataclasses
 import os
-from pathlib import Path
 
 import pytest
 
 import sim
+from helpers import COUNTER_RTL as COUNTER, COUNTER_TB_HEAD as HEAD
 
-DESIGNS = Path(__file__).resolve().parent / "designs"
-COUNTER = [{"name": "counter.sv", "content": (DESIGNS / "counter.sv").read_text()}]
 FAST = sim.ScoreConfig(timeout_s=2, compile_timeout_s=20, mem_limit_mb=1024, output_cap_bytes=200_000)
-
-HEAD = """`timescale 1ns/1ps
-module tb;
-  reg clk = 0, rst_n = 0, load = 0, en = 0, up = 1;
-  reg [3:0] d = 0;
-  wire [3:0] q; wire wrap;
-  counter uut (.clk(clk), .rst_n(rst_n), .load(load), .en(en), .up(up), .d(d), .q(q), .wrap(wrap));
-  always #5 clk = ~clk;
-"""
 
 
 def run(body, cfg=FAST):

@@ -119,21 +119,25 @@ def test_templates_compile_and_run(tmp_path):
             assert r.returncode == 0, (t["id"], lv, r.stdout[-500:])
 
 
+def uncovered_result(deep_q):
+    """A scorer result on COUNTER with named uncovered items: din bits 3 and 7 and rst_n rising (toggle), the
+    case item 2'd2 (block) and, with deep_q, the counter's top bit q[7] (toggle)."""
+    line_case = COUNTER.splitlines().index("        2'd2: q <= din;") + 1
+    toggle = lambda signal, bits, missing, line: {"metric": "toggle", "instance": "tb_cnt.dut", "signal": signal,
+                                                  "bits": bits, "missing": missing, "file": "cnt.sv", "line": line,
+                                                  "kind": "toggle", "detail": ""}
+    items = [toggle("din", [3, 7], "both", 5), toggle("rst_n", [0], "0->1", 3)]
+    items += [toggle("q", [7], "both", 7)] if deep_q else []
+    items.append({"metric": "block", "instance": "tb_cnt.dut", "file": "cnt.sv", "line": line_case,
+                  "kind": "case_item", "label": "2'd2", "detail": ""})
+    return {"status": "ok", "overall_pct": 40.0, "uncovered": items}
+
+
 def test_refine_edits_testbench_for_named_items():
     """The refinement keeps the given testbench and inserts phases aimed at the uncovered items."""
     t = TASKS[0]
     weak = teacher.template_answer(t, "weak")
-    line_case = COUNTER.splitlines().index("        2'd2: q <= din;") + 1
-    result = {"status": "ok", "overall_pct": 40.0, "uncovered": [
-        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "din", "bits": [3, 7], "missing": "both",
-         "file": "cnt.sv", "line": 5, "kind": "toggle", "detail": ""},
-        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "rst_n", "bits": [0], "missing": "0->1",
-         "file": "cnt.sv", "line": 3, "kind": "toggle", "detail": ""},
-        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "q", "bits": [7], "missing": "both",
-         "file": "cnt.sv", "line": 7, "kind": "toggle", "detail": ""},
-        {"metric": "block", "instance": "tb_cnt.dut", "file": "cnt.sv", "line": line_case, "kind": "case_item",
-         "label": "2'd2", "detail": ""},
-    ]}
+    result = uncovered_result(deep_q=True)
     new = teacher.answer_code(teacher.refine(t, weak, result))
     old = teacher.answer_code(weak)
     head = old[:old.index("// end of stimulus")]
@@ -371,14 +375,7 @@ def test_cycle_counts_are_sized_to_the_design():
 def test_refine_stimulus_appends_directed_phases():
     t = TASKS[0]
     weak = teacher.stimulus_answer(t, "weak")
-    line_case = COUNTER.splitlines().index("        2'd2: q <= din;") + 1
-    result = {"status": "ok", "overall_pct": 40.0, "uncovered": [
-        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "din", "bits": [3, 7], "missing": "both",
-         "file": "cnt.sv", "line": 5, "kind": "toggle", "detail": ""},
-        {"metric": "toggle", "instance": "tb_cnt.dut", "signal": "rst_n", "bits": [0], "missing": "0->1",
-         "file": "cnt.sv", "line": 3, "kind": "toggle", "detail": ""},
-        {"metric": "block", "instance": "tb_cnt.dut", "file": "cnt.sv", "line": line_case, "kind": "case_item",
-         "label": "2'd2", "detail": ""}]}
+    result = uncovered_result(deep_q=False)
     old = harness.parse_stimulus(weak).body
     new = harness.parse_stimulus(teacher.refine_stimulus(t, weak, result)).body
     assert new.startswith(old + "\nbegin : tb_refine_0\n")       # an edit of the stimulus, not a rewrite
