@@ -209,18 +209,28 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
 def test_run_small_lanes_finish_the_pipeline(tmp_path):
     """bench/gpu/run_small.sh (the GPU box's way to run a profile in parallel lanes) on the tiny model:
     every stage completes, each model is evaluated once, and the report is written. Its PYTHON runs
-    chorus_mini.py with the stage commands in the same interpreter (tests/chorus_in_process.py)."""
+    chorus_mini.py with the stage commands in the same interpreter (tests/chorus_in_process.py), each call
+    forked from one process that imported the kit once (tests/zygote.py)."""
     import subprocess
     out = tmp_path / "lanes"
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests/chorus_in_process.py'} \"$@\"\n")
+    sock = tmp_path / "zygote.sock"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests/zygote.py'} call {sock} \"$@\"\n")
     python.chmod(0o755)
     # one torch thread per process: five lanes share the cores, and torch's spinning threads would fight over
     # them (the three OPD stages side by side took ~4 min each instead of ~5 s)
     env = {**os.environ, "PROFILE": "smoke", "PYTHON": str(python), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    sets = [a for a in TINY[2:] if a != "--set"]
-    argv = ["bash", str(ROOT / "bench/gpu/run_small.sh"), str(out)] + [x for s in sets for x in ("--set", s)]
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500)
+    # the ~28 chorus_mini calls fork from one process that imported the kit once (tests/zygote.py)
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests/zygote.py"), "serve", str(sock)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().startswith("zygote: serving"), "the fork server did not start"
+        sets = [a for a in TINY[2:] if a != "--set"]
+        argv = ["bash", str(ROOT / "bench/gpu/run_small.sh"), str(out)] + [x for s in sets for x in ("--set", s)]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500)
+    finally:
+        server.kill()
+        server.wait()
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "run_small: done" in p.stdout and not (out / "lanes" / "FAILED").exists()
     for stage in cm.STAGES:
