@@ -104,6 +104,21 @@ def parse_tokens_per_micro(text):
     return n
 
 
+def pack_rows(order, lengths, max_tokens):
+    """Cut row indices, taken in `order`, into consecutive lists whose padded size (rows x longest row) is
+    at most max_tokens; a single longer row goes alone. (sft.py's pieces and the RL/OPD micro-batches.)"""
+    pieces, cur, cur_max = [], [], 0
+    for i in order:
+        if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:
+            pieces.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, lengths[i])
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
 def gpu_capacity_bytes():
     """Memory of the current GPU as the kit sees it: the emulated cap when one is set, else the card's
     size; None without CUDA. (rl.release_fast_default and sft.py's auto micro-batches size from it.)"""

@@ -545,16 +545,7 @@ def micro_batches(rows, max_tokens):
     callers sum gradients over micro-batches with one whole-batch normaliser, so the order changes the
     result only by float rounding."""
     lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rows]
-    batches, cur, cur_max = [], [], 0
-    for i in sorted(range(len(rows)), key=lambda i: -lengths[i]):
-        if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:
-            batches.append(cur)
-            cur, cur_max = [], 0
-        cur.append(i)
-        cur_max = max(cur_max, lengths[i])
-    if cur:
-        batches.append(cur)
-    return batches
+    return common.pack_rows(sorted(range(len(rows)), key=lambda i: -lengths[i]), lengths, max_tokens)
 
 
 # --max-tokens-per-micro auto: the micro-batch budget sized from the memory the card has. A 135M model is

@@ -139,16 +139,7 @@ def split_rows(idx, lengths, max_tokens):
     longest row) is at most max_tokens; a single longer row goes alone. None or 0 = no split."""
     if not max_tokens:
         return [list(idx)]
-    pieces, cur, cur_max = [], [], 0
-    for i in idx:
-        if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:
-            pieces.append(cur)
-            cur, cur_max = [], 0
-        cur.append(i)
-        cur_max = max(cur_max, lengths[i])
-    if cur:
-        pieces.append(cur)
-    return pieces
+    return common.pack_rows(idx, lengths, max_tokens)
 
 
 def auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16, optimizer_state=True, fill=0.75):
