@@ -62,23 +62,24 @@ fi
 if [ "${PART:-}" = b ]; then
   # RL and OPD step times (issue 19) in both answer modes, from the committed stage-0 adapters (session 5):
   # the small profile's settings (8 prompts x G 4 x 2 rounds, 1280-token cap), 11 RL steps, 8 OPD steps.
-  # OPD's two teachers: the RL run's adapter (or its last checkpoint) and the other mode's stage-0 adapter.
+  # OPD's two teachers: the RL run's adapter and its step-5 checkpoint, both of the mode asked (session 6's one
+  # teacher was the other mode's stage-0 adapter: it scored 0 in stimulus mode, so no gate opened).
   # MODES=stimulus (or testbench) runs one mode only.
   for m in testbench:s2tb stimulus:s2st; do mode=${m%%:*} r=${m##*:}
     if [ ! -f runs/$r/sft0/done.json ]; then mkdir -p runs/$r/sft0/adapter
       cp results/small2/adapters/sft0_$mode/* runs/$r/sft0/adapter/ && echo '{"note": "committed adapter"}' > runs/$r/sft0/done.json; fi
   done
-  for m in testbench:s2tb:230 stimulus:s2st:220; do IFS=: read mode r t <<< "$m"; [[ "${MODES:-testbench stimulus}" == *$mode* ]] || continue
+  for m in testbench:s2tb:260 stimulus:s2st:260; do IFS=: read mode r t <<< "$m"; [[ "${MODES:-testbench stimulus}" == *$mode* ]] || continue
     TAIL=3 step rl_$mode $t python3 chorus_mini.py run --profile small --out runs/$r --only rl0 "${SETS[@]}" \
-        --set rl_steps=11 --set answer_mode=$mode
+        --set rl_steps=11 --set answer_mode=$mode --set save_every=5
     cp runs/$r/rl0/log.jsonl $OUT/rl_${mode}_log.jsonl
   done
-  for m in testbench:s2tb:150 stimulus:s2st:150; do IFS=: read mode r t <<< "$m"; [[ "${MODES:-testbench stimulus}" == *$mode* ]] || continue
+  for m in testbench:s2tb:220 stimulus:s2st:220; do IFS=: read mode r t <<< "$m"; [[ "${MODES:-testbench stimulus}" == *$mode* ]] || continue
     TAIL=3 step opd_$mode $t python3 distill.py --model $M --student runs/$r/sft0/adapter \
-        --teachers $(ls -d runs/$r/rl0/adapter runs/$r/rl0/ckpt/step_*/adapter 2>/dev/null | head -1) \
-        results/small2/adapters/sft0_$( [ $mode = stimulus ] && echo testbench || echo stimulus ) --tasks runs/$r/data/train_tasks.jsonl \
+        --teachers $(ls -d runs/$r/rl0/adapter runs/$r/rl0/ckpt/step_*/adapter 2>/dev/null | head -2) \
+        --tasks runs/$r/data/train_tasks.jsonl \
         --out runs/$r/opd_t --steps 8 --prompts-per-step 8 --group-size 4 --rounds 2 --teacher-samples 1 \
-        --max-new-tokens 1280 --seed 42 --sim-workers 14 --gen-batch-size 256 --max-tokens-per-micro 16384 \
+        --max-new-tokens 1280 --seed 42 --sim-workers 14 --gen-batch-size 256 --max-tokens-per-micro auto \
         --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing --answer-mode $mode
     cp runs/$r/opd_t/log.jsonl $OUT/opd_${mode}_log.jsonl
   done
