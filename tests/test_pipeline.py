@@ -10,6 +10,7 @@ peak RSS) is tested on its own with a command that imports no torch.
 """
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -222,14 +223,14 @@ def test_run_small_lanes_finish_the_pipeline(tmp_path):
     env = {**os.environ, "PROFILE": "smoke", "PYTHON": str(python), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # the ~28 chorus_mini calls fork from one process that imported the kit once (tests/zygote.py)
     server = subprocess.Popen([sys.executable, str(ROOT / "tests/zygote.py"), "serve", str(sock)], env=env,
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert server.stdout.readline().startswith("zygote: serving"), "the fork server did not start"
         sets = [a for a in TINY[2:] if a != "--set"]
         argv = ["bash", str(ROOT / "bench/gpu/run_small.sh"), str(out)] + [x for s in sets for x in ("--set", s)]
         p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1500)
-    finally:
-        server.kill()
+    finally:   # the server and any child still running (its process group)
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait()
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "run_small: done" in p.stdout and not (out / "lanes" / "FAILED").exists()
