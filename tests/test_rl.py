@@ -226,8 +226,9 @@ def test_collect_groups_dynamic_sampling_refills_up_to_the_cap(refill):
 
 
 def test_refill_ahead_follows_the_sequential_rule_in_one_call():
-    """Rolling the refill batches out ahead gives the sequential procedure's kept groups, cursor and
-    counts, with one source call instead of one per batch; unused rollouts are counted and dropped."""
+    """Rolling the refill batches out ahead (one decoder call for a step's prompts and its refill) gives the
+    sequential procedure's kept groups, rewards, advantages, cursor and counts, with one source call instead
+    of one per batch; unused rollouts are counted and dropped."""
     rng = np.random.default_rng(0)
     table = {f"t{i}": list(rng.choice([0.0, 0.0, 1.5], size=4)) for i in range(12)}
     tasks = [{"id": k} for k in table]
@@ -247,6 +248,9 @@ def test_refill_ahead_follows_the_sequential_rule_in_one_call():
             ka, aa, ca, ta = out["ahead"]
             ks, as_, cs, ts = out["sequential"]
             assert [(g.index, g.round) for g in ka] == [(g.index, g.round) for g in ks]
+            assert [g.rewards for g in ka] == [g.rewards for g in ks]                      # same rewards
+            adv = [rl.compute_advantages([s.reward for g in k for s in g.samples], 4).tolist() for k in (ka, ks)]
+            assert adv[0] == adv[1]                                                         # and advantages
             assert [(g.index, g.round) for g in aa] == [(g.index, g.round) for g in as_]
             assert ca == cs and ta["extra_prompts"] == ts["extra_prompts"]
             assert len(calls["ahead"]) == 1 and calls["ahead"][0] == 2 + cap
