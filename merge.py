@@ -115,6 +115,7 @@ from peft.utils.merge_utils import calculate_majority_sign_mask
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import common
 import rundir
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -473,6 +474,8 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:
         raise MergeError(f"device {device!r} is not usable: {e}") from None
+    if torch.device(device).type == "cuda":
+        common.apply_gpu_cap()          # $CHORUS_GPU_CAP_GIB, as in every other stage
 
     params = {"density": density, "epsilon": epsilon, "seed": seed, "dare_norm": dare_norm}
     w = weights
