@@ -106,7 +106,10 @@ def parse_tokens_per_micro(text):
 
 def pack_rows(order, lengths, max_tokens):
     """Cut row indices, taken in `order`, into consecutive lists whose padded size (rows x longest row) is
-    at most max_tokens; a single longer row goes alone. (sft.py's pieces and the RL/OPD micro-batches.)"""
+    at most max_tokens; a single longer row goes alone; None or 0 = no split (one list). (sft.py's pieces
+    and the RL/OPD micro-batches.)"""
+    if not max_tokens:
+        return [list(order)] if len(order) else []
     pieces, cur, cur_max = [], [], 0
     for i in order:
         if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:

@@ -427,7 +427,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                    **{k: v for k, v in timings.items() if k.startswith("t_") and k not in ("t_gen", "t_sim")},
                    "t_teacher_gen": t_timings["t_gen"], "t_teacher_sim": t_timings["t_sim"], "t_adv": t_adv,
                    "t_ckpt": t_ckpt, "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
-                   "micro_tokens": micro if micro is None or micro < 1 << 62 else 0, **micro_memo.pop("probe", {})}
+                   "micro_tokens": micro, **micro_memo.pop("probe", {})}
             log.append(row)
             rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"

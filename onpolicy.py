@@ -540,7 +540,7 @@ def disable_dropout(model):
 
 def micro_batches(rows, max_tokens):
     """Row-index lists whose padded size (rows x longest row) stays under max_tokens (a single longer
-    row goes alone). Rows are taken longest first, so each micro-batch holds rows of similar length and
+    row goes alone; 0 = one list). Rows are taken longest first, so each micro-batch holds rows of similar length and
     little padding (RL's rows run from ~2k to ~8k tokens, mixed in the order they were sampled). The
     callers sum gradients over micro-batches with one whole-batch normaliser, so the order changes the
     result only by float rounding."""
@@ -558,14 +558,14 @@ AUTO_CPU_TOKENS = 4096   # auto off CUDA (host memory is not probed)
 
 
 def micro_tokens(model, rows, setting, memo):
-    """The padded-token budget of a micro-batch for this batch of rows. setting: a number (0 = no split) or
+    """The padded-token budget of a micro-batch for this batch of rows (0 = no split). setting: a number or
     'auto'. Auto probes once per run (memo, a dict the caller keeps): one forward + backward of
     per_token_logps on the longest row measures the bytes per token above the memory in use; the budget is
     AUTO_FILL of the free memory over that, between the longest row and AUTO_MAX_TOKENS. The probe runs
     under a forked RNG and leaves no gradient, so the update that follows is the same as without it.
     Returns the budget; memo["probe"] holds the measurement (logged once)."""
     if setting != "auto":
-        return setting or 1 << 62
+        return setting
     longest = max((len(r.prompt_ids) + len(r.completion_ids) for r in rows), default=1)
     device = next(p for p in model.parameters() if p.requires_grad).device
     if device.type != "cuda":

@@ -402,7 +402,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                    **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
                    **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": t_ckpt,
                    "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
-                   "micro_tokens": micro if micro is None or micro < 1 << 62 else 0, **micro_memo.pop("probe", {})}
+                   "micro_tokens": micro, **micro_memo.pop("probe", {})}
             log.append(row)
             rundir.append_log(log_path, row)
             fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"

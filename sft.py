@@ -137,9 +137,7 @@ def target_loss_sum(model, batch):
 def split_rows(idx, lengths, max_tokens):
     """Cut one micro-batch (row indices, in order) into consecutive pieces whose padded size (rows x
     longest row) is at most max_tokens; a single longer row goes alone. None or 0 = no split."""
-    if not max_tokens:
-        return [list(idx)]
-    return common.pack_rows(idx, lengths, max_tokens)
+    return common.pack_rows(idx, lengths, max_tokens) or [list(idx)]
 
 
 def auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16, optimizer_state=True, fill=0.75):

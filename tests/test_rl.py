@@ -560,6 +560,7 @@ def test_micro_tokens_passes_numbers_through_and_auto_on_cpu_takes_the_cpu_budge
     rows = [SimpleNamespace(prompt_ids=[0] * 3000, completion_ids=[0] * 2000),
             SimpleNamespace(prompt_ids=[0], completion_ids=[0] * 9)]
     assert onpolicy.micro_tokens(m, rows, 8192, {}) == 8192
-    assert onpolicy.micro_tokens(m, rows, 0, {}) >= 1 << 62                       # 0 = no split
+    assert onpolicy.micro_tokens(m, rows, 0, {}) == 0                             # 0 = no split
+    assert onpolicy.micro_batches(rows, 0) == [[0, 1]]
     assert onpolicy.micro_tokens(m, rows, "auto", {}) == max(onpolicy.AUTO_CPU_TOKENS, 5000)
     assert onpolicy.micro_tokens(m, rows[1:], "auto", {}) == onpolicy.AUTO_CPU_TOKENS
