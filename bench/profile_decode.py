@@ -61,7 +61,7 @@ def main():
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastgen
-    from bench_generate import add_model_args, bench_model, run_info, timed, write_json
+    from bench_generate import add_model_args, bench_model, rl_prompts, run_info, timed, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
@@ -69,11 +69,16 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256, help="decode steps timed (and profiled: 1/8 of them)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (median)")
     ap.add_argument("--decoder", default=None, help="path of another fastgen.py to profile instead of the kit's")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="a prompt of about this many tokens (the kit's RTL repeated, as RL's long prompts) "
+                         "instead of the 565-token one: the step's share that grows with the cache")
     ap.add_argument("--top", type=int, default=20, help="kernels listed")
     ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
     args = ap.parse_args()
 
     model, tok, device, prompt = bench_model(args)
+    if args.prompt_tokens:
+        prompt = rl_prompts(tok, 1, args.prompt_tokens, args.prompt_tokens)[0]
     B, N = args.batch, args.new_tokens
     prompts = [prompt] * B
     kw = dict(temperature=1.0, top_p=1.0, seed=0, batch_size=B, ignore_stop=True)
@@ -106,7 +111,7 @@ def main():
     launches = sum(c for c, _ in per_step.values())
 
     result = {**run_info(args, model, device, prompt), "decoder": args.decoder or "fastgen.py",
-              "batch": B, "new_tokens": N, "first_call_s": round(first_s, 3),
+              "batch": B, "new_tokens": N, "prompt_tokens": len(prompt), "first_call_s": round(first_s, 3),
               "prefill_s": round(statistics.median(short), 4), "step_ms": round(step_ms, 3),
               "tok_s": round(B * 1000 / step_ms, 1) if step_ms > 0 else None,
               "profiled_steps": S, "launches_per_step": round(launches, 1),

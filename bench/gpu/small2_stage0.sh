@@ -7,7 +7,7 @@
 # carries at most 64 MiB; the part that runs carries .stage/g3 and .stage/data)
 #   PART=a     bash bench/gpu/small2_stage0.sh   # stage-0 SFT in both answer modes (~4.5 min each on an H200)
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
-#   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (session 6)
+#   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
@@ -82,6 +82,12 @@ if [ "${PART:-}" = b ]; then
         --max-new-tokens 1280 --seed 42 --sim-workers 14 --gen-batch-size 256 --max-tokens-per-micro auto \
         --gen-chunk 16 --sim-timeout 5.0 --no-gradient-checkpointing --answer-mode $mode
     cp runs/$r/opd_t/log.jsonl $OUT/opd_${mode}_log.jsonl
+  done
+  # The decode step at RL's batch (64 rows) with a short and an RL-long prompt: how much of it grows with
+  # the KV cache (what a shared-prefix attention could save) and how much is the per-step fixed cost.
+  for n in 565 4500; do
+    TAIL=2 step profile_decode_$n 70 python3 bench/profile_decode.py --model $M --batch 64 --new-tokens 256 \
+        --prompt-tokens $n --out $OUT/profile_decode_b64_p$n.json
   done
 fi
 if [ "${PART:-}" = cap ]; then
