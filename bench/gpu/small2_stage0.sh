@@ -85,7 +85,7 @@ if [ "${PART:-}" = b ]; then
   done
   # The decode step at RL's batch (64 rows) with a short and an RL-long prompt: how much of it grows with
   # the KV cache (what a shared-prefix attention could save) and how much is the per-step fixed cost.
-  for n in 565 4500; do
+  for n in 0 4500; do          # 0: the default 565-token prompt
     TAIL=2 step profile_decode_$n 70 python3 bench/profile_decode.py --model $M --batch 64 --new-tokens 256 \
         --prompt-tokens $n --out $OUT/profile_decode_b64_p$n.json
   done
