@@ -276,11 +276,22 @@ def truncate(U, S, Vh, rank):
     return B, A, err
 
 
+def _svd(M):
+    """torch.linalg.svd(M, full_matrices=False); where CUDA's solver does not converge (seen on the near-zero
+    B factors of briefly trained adapters: cuSOLVER error 48), the same SVD on the CPU in float64."""
+    try:
+        return torch.linalg.svd(M, full_matrices=False)
+    except torch.linalg.LinAlgError:
+        if M.device.type == "cpu" and M.dtype == torch.float64:
+            raise
+        return tuple(t.to(M.device, M.dtype) for t in torch.linalg.svd(M.cpu().double(), full_matrices=False))
+
+
 def svd_lowrank_product(B, A, rank):
     """Truncated SVD of B @ A without forming it (QR of both factors, SVD of the small core): exact for a product."""
     Qb, Rb = torch.linalg.qr(B)
     Qa, Ra = torch.linalg.qr(A.T)
-    Uc, S, Vhc = torch.linalg.svd(Rb @ Ra.T, full_matrices=False)
+    Uc, S, Vhc = _svd(Rb @ Ra.T)
     return truncate(Qb @ Uc, S, Vhc @ Qa.T, rank)
 
 
@@ -300,7 +311,7 @@ def svd_dense(delta, rank):
     m, n = delta.shape
     q = rank + SVD_OVERSAMPLE
     if 2 * q > min(m, n):
-        U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
+        U, S, Vh = _svd(delta)
         return truncate(U, S, Vh, rank)
     gen = torch.Generator(device=delta.device).manual_seed(0)
     omega = torch.randn(n, q, generator=gen, device=delta.device, dtype=delta.dtype)
@@ -308,7 +319,7 @@ def svd_dense(delta, rank):
     for _ in range(SVD_POWER_ITERS):
         Q = torch.linalg.qr(delta.T @ Q).Q
         Q = torch.linalg.qr(delta @ Q).Q
-    Uc, S, Vh = torch.linalg.svd(Q.T @ delta, full_matrices=False)
+    Uc, S, Vh = _svd(Q.T @ delta)
     B, A, _ = truncate(Q @ Uc, S, Vh, rank)
     total = delta.norm()
     return B, A, ((delta - B @ A).norm() / total).item() if total > 0 else 0.0
