@@ -21,7 +21,8 @@ Algorithm, per step (one optimizer update per rollout batch by default):
     with the weights that sampled; logits are divided by the sampling temperature first.
  6. Adam (betas 0.9/0.95, weight decay 0), constant LR, gradient clipping at 1.0. A step whose advantages
     are all zero (every group has zero reward variance, no KL) takes no optimizer step (Adam's momentum
-    would still move the weights) and is logged as `skipped: 1`.
+    would still move the weights) and is logged as `skipped: 1`; one whose gradient norm is inf or NaN
+    (bf16 overflow) takes none either, logged as `skipped_nonfinite` (an update would put NaN in the adapter).
 Options (off in --profile paper, the paper's setting): dynamic sampling (drop groups whose rewards
 have zero variance and refill from extra prompts, up to a cap), DAPO's soft overlong punishment,
 and a k3 KL penalty to the initial adapter. The zero-variance group fraction is logged either way.
@@ -155,7 +156,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
     params = [p for g in optimizer.param_groups for p in g["params"]]
     totals = {"loss": 0.0, "clip_ratio/low": 0.0, "clip_ratio/high": 0.0, "ratio": 0.0,
               "entropy": 0.0, "kl": 0.0, "num_tokens": 0}
-    grad_norms, skipped = [], 0
+    grad_norms, skipped, nonfinite = [], 0, 0
     clock = (lambda: (torch.cuda.synchronize(device), time.perf_counter())[1]) if device.type == "cuda" \
         else time.perf_counter                   # the step's time breakdown (t_logp_old, t_fwd_bwd, t_opt)
     times = {"t_logp_old": 0.0, "t_fwd_bwd": 0.0, "t_opt": 0.0}
@@ -227,8 +228,13 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
         t1 = clock()
         times["t_fwd_bwd"] += t1 - t0
         dist.sync_grads(params)           # sum over the ranks (the loss already divides by the global count)
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
-        optimizer.step()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        if math.isfinite(norm):
+            grad_norms.append(norm)
+            optimizer.step()
+        else:   # a non-finite gradient would write NaN into the adapter: no step (as loss scaling does)
+            nonfinite += 1
+            optimizer.zero_grad(set_to_none=True)
         times["t_opt"] += clock() - t1
     totals = dist.all_sum(totals)
     totals["num_tokens"] = int(totals["num_tokens"])
@@ -239,6 +245,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
             stats[k] = float("nan")
     stats["grad_norm"] = max(grad_norms) if grad_norms else 0.0
     stats["skipped"] = skipped        # mini-batches whose advantages were all zero: no optimizer step
+    stats["skipped_nonfinite"] = nonfinite   # mini-batches whose gradient norm was inf/NaN: no optimizer step
     stats.update(times)
     return stats
 

@@ -340,14 +340,18 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         step_loss = dist.all_sum(step_loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
         lr_now = scheduler.get_last_lr()[0]
-        optimizer.step()
+        finite = math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
+        # else: a non-finite gradient (bf16 overflow) would write NaN into the adapter and every later stage;
+        # the step is skipped (no update; the schedule moves on), as mixed-precision loss scaling does
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         losses.append(step_loss)
         rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
-               "grad_norm": round(grad_norm, 4), "target_tokens": n_tokens, "micro_batches": n_pieces,
-               "elapsed_s": round(time.time() - t0, 2)}
+               "grad_norm": round(grad_norm, 4) if finite else None, "target_tokens": n_tokens,
+               "micro_batches": n_pieces, "skipped_nonfinite": int(not finite), "elapsed_s": round(time.time() - t0, 2)}
         rundir.append_log(log_path, rec)
         if bar:
             bar.update(1)
@@ -367,6 +371,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                "first_loss": recs[0]["loss"] if recs else None,
                "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
                "last_step_loss": recs[-1]["loss"] if recs else None,
+               "skipped_nonfinite_steps": sum(r.get("skipped_nonfinite", 0) for r in recs),
                "time_s": round(time.time() - t0, 2)}
     rundir.plot_log(recs, out_dir / "curves.png", keys=["loss", "lr", "grad_norm"])
     if finished and dist.is_main():

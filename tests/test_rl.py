@@ -382,6 +382,24 @@ def test_all_zero_advantages_take_no_optimizer_step(tiny):
     assert any(not torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
 
 
+def test_a_nonfinite_gradient_takes_no_optimizer_step(tiny):
+    """A mini-batch whose gradient norm is inf/NaN (bf16 overflow; here an infinite advantage) must leave the
+    adapter and Adam's state as they were, say so, and the next finite step trains normally."""
+    model, tok = tiny
+    m = _lora(model)
+    opt = onpolicy.make_optimizer(m, lr=1e-2)
+    rl.train_on_batch(m, opt, _rows(tok), [1.0, -1.0])
+    before = {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}
+    stats = rl.train_on_batch(m, opt, _rows(tok), [math.inf, -1.0])
+    assert stats["skipped_nonfinite"] == 1 and stats["skipped"] == 0 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters() if p.requires_grad)
+    assert all(p.grad is None for p in opt.param_groups[0]["params"])
+    assert opt.state[opt.param_groups[0]["params"][0]]["step"].item() == 1
+    after = rl.train_on_batch(m, opt, _rows(tok), [1.0, -1.0])
+    assert after["skipped_nonfinite"] == 0 and math.isfinite(after["grad_norm"]) and after["grad_norm"] > 0
+    assert all(torch.isfinite(p).all() for p in m.parameters())
+
+
 def test_kl_to_the_initial_adapter_and_adapter_switching(tiny, tmp_path):
     model, tok = tiny
     common.save_adapter(_lora(model), str(tmp_path / "stage"))

@@ -120,6 +120,31 @@ def test_sft_lowers_loss_and_saves_a_reloadable_adapter(rows, tmp_path):
     assert (tmp_path / "s1" / "done.json").exists() and res1["config"]["init_adapter"]
 
 
+def test_a_nonfinite_gradient_skips_the_update(rows, tmp_path, monkeypatch):
+    """A step whose gradient is inf/NaN (bf16 overflow) must not write NaN into the adapter: no optimizer
+    step, the log says so (grad_norm null, skipped_nonfinite 1) and result.json counts it. Steps 2 and 3 of 4
+    get a NaN gradient here: the adapter stays finite, and steps 1 and 4 still train it."""
+    calls, real = [], sft.accumulate_step
+
+    def poisoned(model, *a, **kw):
+        out = real(model, *a, **kw)
+        calls.append(1)
+        if len(calls) in (2, 3):
+            next(p for p in model.parameters() if p.requires_grad).grad.view(-1)[0] = float("nan")
+        return out
+    monkeypatch.setattr(sft, "accumulate_step", poisoned)
+    model, tok = fresh()
+    res = sft.train_sft(model, tok, rows, tmp_path / "s", epochs=1, lr=1e-3, batch_size=2, grad_accum=1,
+                        max_len=512, seed=0, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "s" / "log.jsonl").read_text().splitlines()]
+    assert [r["skipped_nonfinite"] for r in log] == [0, 1, 1, 0]
+    assert [r["grad_norm"] is None for r in log] == [False, True, True, False]
+    assert res["outcome"]["skipped_nonfinite_steps"] == 2 and res["outcome"]["finished"]
+    assert all(torch.isfinite(p).all() for p in res["model"].parameters())
+    lora_b = [p for n, p in res["model"].named_parameters() if "lora_B" in n]
+    assert any(p.abs().sum() > 0 for p in lora_b)          # steps 1 and 4 did train
+
+
 def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
     kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, lora_dropout=0.1,
               group_by_length=True, progress=False)
