@@ -4,6 +4,8 @@ timed at several micro-batch sizes, and a per-kernel table of one update from to
 Run (GPU):  python bench/profile_train_step.py --model SmolLM2-135M-Instruct.Q4_1.gguf \
                 --adapter results/small2/adapters/sft0_stimulus --tasks runs/s2st/data/train_tasks.jsonl
      (CPU):  python bench/profile_train_step.py --tiny --groups 2 --micro 2048 --repeats 1
+     (GPU, no model file): --random-smollm2 builds random weights in SmolLM2-135M's shape (bf16): the same
+                 compute, so the same time; prompt lengths then come from --tasks or the default range
 
 The batch: --groups groups of G 4 rows; each group's prompt is one task's first prompt (its real token
 count, from --tasks; without it, 1,500-7,000 tokens), the completions random ids of 200 to 1,280 tokens
@@ -63,11 +65,27 @@ def kernel_table(prof, top):
                     for k, c, t in rows[:top]]}
 
 
+def random_smollm2(seed):
+    """SmolLM2-135M-Instruct's architecture (its config.json's shape) with random weights, and the kit's tiny
+    tokenizer (only used for the chat template of --tasks prompts; token ids are drawn from the model's vocab)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                      num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                      rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    return model, common.tiny_tokenizer()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="GGUF / HF folder (default: the embedded SmolLM2)")
     p.add_argument("--tiny", action="store_true", help="the random tiny test model (CPU check)")
+    p.add_argument("--random-smollm2", action="store_true",
+                   help="random weights in SmolLM2-135M's shape (bf16 on CUDA): times without the GGUF")
     p.add_argument("--adapter", default=None, help="peft adapter to train (default: a fresh LoRA r 16)")
     p.add_argument("--tasks", default=None, help="task JSONL whose prompts give the prompt lengths")
     p.add_argument("--answer-mode", default="stimulus", choices=harness.ANSWER_MODES)
@@ -84,12 +102,14 @@ def main():
 
     if args.tiny:
         model, tok = common.tiny_model(seed=args.seed)
+    elif args.random_smollm2:
+        model, tok = random_smollm2(args.seed)
     else:
         model, tok = common.load_model(args.model)
     model = common.load_adapter(model, args.adapter, trainable=True) if args.adapter else common.add_lora(model, r=16)
     device = next(model.parameters()).device
     lengths = prompt_lengths(tok, args.tasks, args.groups, args.answer_mode, args.seed)
-    rows = make_rows(lengths, args.group_size, len(tok), args.seed)
+    rows = make_rows(lengths, args.group_size, model.get_input_embeddings().num_embeddings, args.seed)
     adv = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
