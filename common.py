@@ -15,6 +15,7 @@ Sections:
      so tests can compare it with HF)
 """
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -129,6 +130,19 @@ def gpu_capacity_bytes():
         return None
     apply_gpu_cap()
     return int(torch.cuda.mem_get_info()[1])
+
+
+@contextlib.contextmanager
+def train_mode(model):
+    """The model in training mode for a block, then back in the mode it had. Memory probes need it:
+    transformers applies gradient checkpointing only in training mode, so a probe in eval mode measures the
+    un-checkpointed activations (for a 36-layer model, several times the real per-token cost)."""
+    was = model.training
+    model.train()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 def reset_peak():

@@ -449,20 +449,21 @@ def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_toke
     C = torch.tensor([len(c) for _, c in rows])
     L, T = int((P + C).max()), max(int(C.max()), 1)
     input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)
     targets = torch.zeros((B, T), dtype=torch.long)
     for i, (p, c) in enumerate(rows):
         input_ids[i, :len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        attention_mask[i, :len(p) + len(c)] = 1
         targets[i, :len(c)] = torch.tensor(list(c), dtype=torch.long)
     mask = torch.arange(T)[None, :] < C[:, None]                        # (B, T)
     # the logits at position p-1+j predict completion token j (right padding keeps positions exact)
     positions = ((P - 1).clamp(min=0)[:, None] + torch.arange(T)[None, :]).clamp(max=L - 1)
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    input_ids = input_ids.to(device)
     mask, targets, positions = mask.to(device), targets.to(device), positions.to(device)
 
+    # No attention mask: the rows are right-padded and attention is causal, so a real position never sees
+    # the padding after it, and the positions read (prompt and completion) are exactly those of an unpadded
+    # row. Without a mask, SDPA runs its causal kernel (flash on a GPU) instead of a masked full-matrix one.
     with _autocast(device):
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
     H = hidden.shape[-1]
     hidden = hidden.gather(1, positions[:, :, None].expand(-1, -1, H))  # (B, T, H)
     flat_hidden, flat_targets = hidden[mask], targets[mask]            # (N, H), (N,)
@@ -575,7 +576,7 @@ def micro_tokens(model, rows, setting, memo):
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         common.reset_peak()
-        with torch.random.fork_rng(devices=[device]):
+        with torch.random.fork_rng(devices=[device]), common.train_mode(model):   # as the update runs
             per_token_logps(model, [row], entropy=True).logps.sum().backward()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base

@@ -127,7 +127,9 @@ def collate(examples, pad_id):
 
 def target_loss_sum(model, batch):
     """Sum of the next-token cross-entropy over labelled positions, and their count."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # no attention mask: collate pads on the right and attention is causal, so no target sees padding
+    # (a mask would make SDPA run a masked full-matrix kernel instead of its causal one)
+    logits = model(input_ids=batch["input_ids"]).logits
     labels = batch["labels"][:, 1:]
     keep = labels != IGNORE                                   # (B, T-1)
     picked = logits[:, :-1][keep].float()                     # (N, V): only target positions
@@ -159,7 +161,7 @@ def auto_tokens_per_micro(model, encoded, pad_id, device, use_bf16, optimizer_st
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     common.reset_peak()
-    with torch.random.fork_rng(devices=[device]):
+    with torch.random.fork_rng(devices=[device]), common.train_mode(model):   # as training runs (checkpointing)
         b = {k: v.to(device) for k, v in probe.items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             loss_sum, _ = target_loss_sum(model, b)

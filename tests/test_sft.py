@@ -71,6 +71,19 @@ def test_label_mask_is_exactly_the_last_assistant_turn():
     assert int((batch["labels"] != -100).sum()) == sum(l != -100 for l in e["labels"] + short["labels"])
 
 
+def test_target_loss_of_a_padded_batch_equals_each_row_alone():
+    """collate pads on the right and target_loss_sum runs without an attention mask (causal attention: no
+    target sees the padding after it): the batch's loss sum equals the rows' losses computed one by one."""
+    model, tok = fresh()
+    rows = [sft.encode_row(tok, chat(i, turns=1 + i % 2), 4096) for i in range(4)]
+    assert len({len(r["input_ids"]) for r in rows}) >= 2                 # lengths differ: padding present
+    with torch.no_grad():
+        batch, n = sft.target_loss_sum(model, sft.collate(rows, tok.pad_token_id))
+        alone = [sft.target_loss_sum(model, sft.collate([r], tok.pad_token_id)) for r in rows]
+    assert n == sum(k for _, k in alone)
+    torch.testing.assert_close(batch, sum(x for x, _ in alone), rtol=1e-5, atol=1e-4)
+
+
 def test_truncation_cuts_the_prompt_from_the_left_never_the_target():
     model, tok = fresh()
     full = sft.encode_row(tok, chat(2, turns=2), 4096)
