@@ -193,6 +193,31 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     return samples, metrics
 
 
+def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0, batch_size=64,
+             sim_workers=None, target_mode="icarus", answer_mode="testbench"):
+    """A training run's validation: the current model's direct answers (no refinement) on `tasks`, n samples
+    each, with eval's sampling settings and a seed fixed for the whole run (every validation sees the same
+    noise, so a change is the model's). Returns a flat dict: `val/reward` (the RL reward 1 + coverage/100 of
+    a testbench that ran, else 0, averaged over samples), `val/pass@1`, `val/cov@1`, `val/syn_pass` (percent,
+    averaged over tasks), `val/tasks`, `val/s`. The model is left in the mode it was in."""
+    t0 = time.time()
+    was = model.training
+    model.eval()
+    try:
+        policy = model_policy(model, tok, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed, batch_size=batch_size)
+        samples, metrics = run_eval(policy, tasks, n=n, rounds=0, sim_workers=sim_workers, seed=seed,
+                                    batch_size=batch_size, target_mode=target_mode, n_boot=0, verbose=False,
+                                    answer_mode=answer_mode)
+    finally:
+        model.train(was)
+    d = metrics["direct"]
+    rewards = [onpolicy.result_reward(s["rounds"][0]["result"]) for s in samples]
+    return {"val/reward": float(np.mean(rewards)) if rewards else 0.0, "val/pass@1": d.get("pass@1", 0.0),
+            "val/cov@1": d.get("cov@1", 0.0), "val/syn_pass": d.get("syn_pass", 0.0), "val/tasks": len(tasks),
+            "val/s": round(time.time() - t0, 2)}
+
+
 def _pct(bools):
     bools = list(bools)
     return 100.0 * sum(bools) / len(bools) if bools else 0.0

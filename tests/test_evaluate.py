@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import chorus_mini
 import common
@@ -235,6 +236,24 @@ def test_scripted_agentic_eval_through_the_scorer(tmp_path):
 
 
 @pytest.mark.needs_iverilog
+def test_validate_reports_the_rl_reward_and_leaves_the_mode(monkeypatch):
+    """validate() scores one direct answer per task with the policy built from the model: per sample the RL
+    reward 1 + coverage/100 of a testbench that ran (CNT 90 % -> 1.9), 0 for one that did not compile; the
+    model's train/eval mode is restored and the policy was built with the seed given."""
+    built = []
+
+    def fake_policy(model, tok, **kw):
+        built.append(kw)
+        return lambda msgs: [answer(CNT_90) if "module cnt" in m[1]["content"] else answer(BROKEN) for m in msgs]
+    monkeypatch.setattr(evaluate, "model_policy", fake_policy)
+    model = torch.nn.Linear(1, 1)
+    model.train()
+    out = evaluate.validate(model, None, TASKS, n=1, seed=3, sim_workers=2, target_mode="cvdp")
+    assert model.training and built[0]["seed"] == 3
+    assert out["val/reward"] == pytest.approx((1.9 + 0.0) / 2)
+    assert (out["val/pass@1"], out["val/cov@1"], out["val/syn_pass"], out["val/tasks"]) == (50.0, 45.0, 50.0, 2)
+
+
 def test_generate_writes_the_best_testbench(tmp_path):
     (tmp_path / "cnt.sv").write_text(CNT)
     task = evaluate.make_task([tmp_path / "cnt.sv"], "cnt", "uut")
