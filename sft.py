@@ -22,6 +22,15 @@ What one stage does, in order:
    and rundir.py's run folder, shared with rl.py and distill.py: ckpt/step_N/ (adapter, exact fp32
    weights, optimizer, scheduler, RNG states, config and rows used; for --resume), log.jsonl (one line
    per optimizer step), curves.png, result.json (config / setup / outcome) and, last, done.json.
+6. Validation (optional; --val-data and/or --val-tasks): before the first step (step 0, the baseline), every
+   --val-every optimizer steps (default: at each epoch's end) and at the last step, the model is validated:
+   --val-data's rows give `val/loss` (their token-mean target loss, no gradients, batched as training) and
+   --val-tasks' tasks give evaluate.validate's direct-answer numbers (`val/syn_pass`, `val/pass@1`, ...).
+   Each validation appends a row {"step", "val": 1, ...} to log.jsonl and keeps that step's adapter in
+   val_ckpt/step_N/adapter (bf16), so a later step can choose the stopping point; result.json's outcome names
+   the best one (val_best_step, val_best_adapter: highest val/syn_pass, then lowest val/loss, then the
+   earlier step) and lists every val row (val_table). Validation runs on a forked RNG in eval mode, so the
+   training is exactly that of a run without it.
 
 Deviations from the paper (docs/method.md §3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
 than 1e-5; the cutoff is 4096 tokens rather than 40960.
@@ -39,6 +48,7 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -46,6 +56,8 @@ from tqdm import tqdm
 import common
 from common import parse_tokens_per_micro  # noqa: F401  (sft.parse_tokens_per_micro: tests)
 import dist
+import evaluate
+import harness
 import rundir
 import sim
 
@@ -207,6 +219,68 @@ def cosine_with_warmup(warmup_steps, total_steps):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Validation
+
+def val_loss(model, encoded, lengths, pad_id, device, use_bf16, batch_size, tokens_per_micro=None):
+    """Token-mean target loss of the encoded validation rows, without gradients, in micro-batches of
+    batch_size rows split as training's (split_rows). Several processes: each rank runs its contiguous block of
+    the rows and the sums are added over the ranks, so every rank gets the same number."""
+    mine = dist.shard(list(range(len(encoded))))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(mine), batch_size):
+            for idx in split_rows(mine[s:s + batch_size], lengths, tokens_per_micro):
+                b = {k: v.to(device) for k, v in collate([encoded[i] for i in idx], pad_id).items()}
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    loss_sum, n = target_loss_sum(model, b)
+                total, count = total + loss_sum.item(), count + n
+    total, count = dist.all_sum([total, float(count)])
+    return total / count
+
+
+def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_options, pad_id, device,
+                  use_bf16, batch_size, tokens_per_micro, seed):
+    """One validation point: {"step", "val": 1, "val/loss"?, evaluate.validate's fields?}. It runs in eval
+    mode without gradients on a forked RNG (torch on CPU and this rank's GPU, python's and numpy's), so the
+    training after it draws the same dropout masks as a run without validation; the model goes back to the
+    mode it was in."""
+    rec = {"step": step, "val": 1}
+    was, cache = model.training, getattr(getattr(model, "config", None), "use_cache", None)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.eval()
+        try:
+            if val_encoded:
+                rec["val/loss"] = round(val_loss(model, val_encoded, val_lengths, pad_id, device, use_bf16,
+                                                 batch_size, tokens_per_micro), 6)
+            if val_tasks:
+                if cache is not None:
+                    model.config.use_cache = True        # generation wants its KV cache (training turned it off)
+                rec.update(evaluate.validate(model, tok, val_tasks, seed=seed, **(val_options or {})))
+        finally:
+            model.train(was)
+            if cache is not None:
+                model.config.use_cache = cache
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+    return rec
+
+
+def best_val(rows):
+    """The chosen stopping point among val rows: the highest val/syn_pass, ties (or no SynPass: every row)
+    broken by the lower val/loss, then the earlier step. None when there are no val rows."""
+    def key(r):
+        syn, loss = r.get("val/syn_pass"), r.get("val/loss")
+        return (-syn if syn is not None else 0.0, loss if loss is not None else math.inf, r["step"])
+    return min(rows, key=key) if rows else None
+
+
+def val_adapter_path(step):
+    """Where a validated step's adapter is kept, relative to the run folder."""
+    return f"val_ckpt/step_{step:06d}/adapter"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Training
 
 def _prepare_adapter(model, init_adapter, lora_r, lora_alpha, lora_dropout):
@@ -221,7 +295,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               warmup_ratio=0.03, seed=42, init_adapter=None, resume=False, lora_r=16, lora_alpha=32,
               lora_dropout=0.05, weight_decay=0.0, max_grad_norm=1.0, group_by_length=False,
               gradient_checkpointing=False, save_every=100, stop_after_steps=None, progress=True,
-              extra_config=None, max_tokens_per_micro="auto"):
+              extra_config=None, max_tokens_per_micro="auto", val_rows=None, val_tasks=None, val_every=None,
+              val_options=None):
     """Train one SFT stage on `rows` (chat dicts); write adapter/, logs, result.json and done.json.
 
     `model` is a base model (an adapter is added, or --init-adapter loaded, as trainable) or an
@@ -233,6 +308,11 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     many padded tokens ('auto': sized from the free GPU memory by auto_tokens_per_micro, no split on
     CPU; None or 0: no split). Only the memory changes: the loss of a step is still divided by the
     step's target-token count, so a split step gives the same loss and gradients (LoRA dropout aside).
+
+    Validation (module docstring, 6.): val_rows (chat dicts, encoded as the training rows) and/or val_tasks
+    (task dicts for evaluate.validate, with val_options: n, max_new_tokens, sim_workers, target_mode,
+    answer_mode, batch_size); val_every = optimizer steps between validations (None: each epoch's end).
+    Neither given: no validation.
     """
     t0 = time.time()
     dist.init()
@@ -245,6 +325,12 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               "max_grad_norm": max_grad_norm, "group_by_length": group_by_length,
               "gradient_checkpointing": gradient_checkpointing, "max_tokens_per_micro": max_tokens_per_micro,
               **(extra_config or {})}
+    validating = bool(val_rows) or bool(val_tasks)
+    if val_every is not None and val_every < 1:
+        raise ValueError(f"val_every must be >= 1 optimizer step, got {val_every}")
+    if validating:
+        config["val"] = {"every": val_every, "rows": len(val_rows or []), "tasks": len(val_tasks or []),
+                         **(val_options or {})}
     # (the process count is not part of the config: a run may resume with another one)
 
     # 1. data
@@ -267,6 +353,18 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
              "prompts_truncated": sum(e["prompt_cut"] > 0 for e in encoded),
              "tokens": sum(lengths), "target_tokens": sum(sum(l != IGNORE for l in e["labels"]) for e in encoded),
              "steps": total_steps, "warmup_steps": warmup_steps}
+    val_encoded = []
+    if val_rows:
+        val_encoded = [e for e in (encode_row(tok, r["messages"], max_len) for r in val_rows) if e is not None]
+        if not val_encoded:
+            raise ValueError(f"no validation rows fit max_len={max_len} ({len(val_rows)} given)")
+        setup.update(val_rows=len(val_rows), val_rows_used=len(val_encoded))
+    val_lengths = [len(e["input_ids"]) for e in val_encoded]
+    if val_tasks:
+        setup["val_tasks"] = len(val_tasks)
+
+    def val_due(s):   # validation points: the baseline, every val_every steps (or each epoch's end), the end
+        return validating and (s == 0 or s == total_steps or s % (val_every or steps_per_epoch) == 0)
 
     # 2. model, adapter, dtype
     torch.manual_seed(seed)
@@ -305,8 +403,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         step = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)["step"]
     if resume:
         print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
-    if dist.is_main():
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if r["step"] <= step))
+    if dist.is_main():    # (at step 0 nothing is kept: a step-0 validation of an interrupted start is redone)
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if 0 < r["step"] <= step))
         (out_dir / "done.json").unlink(missing_ok=True)
     dist.broadcast_params(trainable)
     if max_tokens_per_micro == "auto":
@@ -324,6 +422,20 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     bar = None
     if progress and dist.is_main():
         bar = tqdm(total=total_steps, initial=step, desc=f"sft {out_dir.name}", dynamic_ncols=True)
+
+    def run_validation(s):    # before the step-s checkpoint: a resume from it keeps this row, never repeats it
+        rec = validate_step(model, tok, s, val_encoded=val_encoded, val_lengths=val_lengths, val_tasks=val_tasks,
+                            val_options=val_options, pad_id=pad_id, device=device, use_bf16=use_bf16,
+                            batch_size=batch_size, tokens_per_micro=tokens_per_micro, seed=seed)
+        rec["elapsed_s"] = round(time.time() - t0, 2)
+        if dist.is_main():
+            common.save_adapter(model, str(out_dir / val_adapter_path(s)))
+        rundir.append_log(log_path, rec)
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k in ("val/loss", "val/syn_pass", "val/reward"))
+        (bar.write if bar else print)(f"sft: validation at step {s}: {shown}")
+
+    if step == 0 and val_due(0) and stop_after_steps != 0:
+        run_validation(0)
     last_epoch_batches, losses = (None, None), []
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
@@ -358,6 +470,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if bar:
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}")
+        if val_due(step):
+            run_validation(step)
         if step % save_every == 0 or step == total_steps or step == stop_after_steps:
             rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
                                    keep_last=1, scheduler=scheduler)
@@ -365,8 +479,10 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         bar.close()
     dist.barrier()                            # rank 0's log is complete before any rank reads it
 
-    # 5. outputs
-    recs = rundir.read_log(log_path)
+    # 5. outputs (first/final loss: the training rows; the val rows go to val_*)
+    log = rundir.read_log(log_path)
+    recs = [r for r in log if not r.get("val")]
+    val_table = [r for r in log if r.get("val")]
     tail = recs[-max(1, len(recs) // 10):] if recs else []
     finished = step >= total_steps
     outcome = {"finished": finished, "steps_done": step,
@@ -375,7 +491,13 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                "last_step_loss": recs[-1]["loss"] if recs else None,
                "skipped_nonfinite_steps": sum(r.get("skipped_nonfinite", 0) for r in recs),
                "time_s": round(time.time() - t0, 2)}
-    rundir.plot_log(recs, out_dir / "curves.png", keys=["loss", "lr", "grad_norm"])
+    best = best_val(val_table)
+    if best is not None:
+        outcome.update(val_best_step=best["step"], val_best_adapter=val_adapter_path(best["step"]), val_table=val_table)
+        if best["step"] != val_table[-1]["step"]:
+            print(f"sft: the best validation is step {best['step']}, not the last validated step "
+                  f"{val_table[-1]['step']}: {out_dir / val_adapter_path(best['step'])}")
+    rundir.plot_log(log, out_dir / "curves.png", keys=["loss", "val/loss", "val/syn_pass", "lr", "grad_norm"])
     if finished and dist.is_main():
         common.save_adapter(model, str(out_dir / "adapter"))
     result = rundir.write_result(out_dir, config, {**setup, "gpu_peak_mib": common.gpu_peak_mib()}, outcome)
@@ -403,6 +525,16 @@ def main(argv=None):
     p.add_argument("--max-len", type=int, default=4096, help="tokens; prompts are cut from the left")
     p.add_argument("--limit", type=int, default=None, help="use only the first N rows (smoke runs)")
     p.add_argument("--group-by-length", action="store_true", help="batch rows of similar length")
+    # Validation (none given: no validation)
+    p.add_argument("--val-data", default=None, help="chat JSONL rows (as --data) whose target loss is val/loss")
+    p.add_argument("--val-tasks", default=None, help="task JSONL: direct-answer SynPass, Pass@1, ... (evaluate.validate)")
+    p.add_argument("--val-every", type=int, default=None, help="optimizer steps between validations (default: each epoch's end)")
+    p.add_argument("--val-n", type=int, default=1, help="samples per validation task")
+    p.add_argument("--val-max-new-tokens", type=int, default=1024, help="answer cap of a validation sample")
+    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench", help="validation tasks' answers")
+    p.add_argument("--target-mode", choices=("cvdp", "icarus"), default="icarus", help="validation coverage targets")
+    p.add_argument("--sim-workers", type=int, default=None, help="validation simulations in parallel (default: sim's)")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="validation generation batch size")
     # Optimization
     p.add_argument("--epochs", type=int, default=1, help="paper: 1")
     p.add_argument("--lr", type=float, default=2e-4, help="paper: 1e-5 for full FT; LoRA needs ~10-20x more")
@@ -428,8 +560,27 @@ def main(argv=None):
     rows = [r for path in args.data for r in load_rows(path)]
     if args.limit:
         rows = rows[:args.limit]
+    # validation files: read (and refused) before the model loads
+    if args.val_every is not None and args.val_every < 1:
+        raise ValueError(f"--val-every must be >= 1, got {args.val_every}")
+    if args.val_n < 1 or args.val_max_new_tokens < 1:
+        raise ValueError("--val-n and --val-max-new-tokens must be >= 1")
+    for opt, path in (("--val-data", args.val_data), ("--val-tasks", args.val_tasks)):
+        if path and not Path(path).is_file():
+            raise ValueError(f"{opt} {path}: no such file")
+    val_rows = load_rows(args.val_data) if args.val_data else None
+    if args.val_data and not val_rows:
+        raise ValueError(f"{args.val_data}: --val-data has no rows")
+    val_tasks = sim.load_tasks(args.val_tasks) if args.val_tasks else None
+    if args.val_tasks and not val_tasks:
+        raise ValueError(f"{args.val_tasks}: --val-tasks has no tasks")
+    val_options = {"n": args.val_n, "max_new_tokens": args.val_max_new_tokens, "sim_workers": args.sim_workers,
+                   "target_mode": args.target_mode, "answer_mode": args.answer_mode,
+                   "batch_size": args.gen_batch_size} if val_tasks else None
     model, tok = common.load_model(args.model, quant=args.quant)
     extra = {"model": args.model, "data": args.data, "limit": args.limit}
+    if val_rows or val_tasks:
+        extra.update(val_data=args.val_data, val_tasks=args.val_tasks)
     result = train_sft(model, tok, rows, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                        grad_accum=args.grad_accum, max_len=args.max_len, warmup_ratio=args.warmup_ratio,
                        seed=args.seed, init_adapter=args.init_adapter, resume=args.resume,
@@ -437,7 +588,8 @@ def main(argv=None):
                        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
                        group_by_length=args.group_by_length, gradient_checkpointing=args.gradient_checkpointing,
                        save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra,
-                       max_tokens_per_micro=args.max_tokens_per_micro)
+                       max_tokens_per_micro=args.max_tokens_per_micro, val_rows=val_rows, val_tasks=val_tasks,
+                       val_every=args.val_every, val_options=val_options)
     return 0 if result["outcome"]["finished"] or args.max_steps else 1
 
 
