@@ -404,7 +404,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     if resume:
         print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
     if dist.is_main():    # (at step 0 nothing is kept: a step-0 validation of an interrupted start is redone)
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if 0 < r["step"] <= step))
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if step and r["step"] <= step))
         (out_dir / "done.json").unlink(missing_ok=True)
     dist.broadcast_params(trainable)
     if max_tokens_per_micro == "auto":

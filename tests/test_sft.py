@@ -283,3 +283,153 @@ def test_max_tokens_per_micro_argument():
     for bad in ("-1", "lots"):
         with pytest.raises(argparse.ArgumentTypeError):
             sft.parse_tokens_per_micro(bad)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation during training (--val-data, --val-tasks)
+
+@pytest.fixture(scope="module")
+def val_rows():
+    return [{"messages": chat(20 + i, turns=1 + i % 2)} for i in range(3)]
+
+
+def _log(out):
+    return rundir.read_log(out / "log.jsonl")
+
+
+def test_val_rows_at_the_expected_steps_and_val_loss_is_the_token_mean(rows, val_rows, tmp_path):
+    """8 rows, batch 2, 2 epochs = 8 steps. Default: the baseline (step 0) and each epoch's end (4, 8);
+    --val-every 3: 0, 3, 6 and the last step 8. val/loss at the end is the token mean of the val rows'
+    target losses under the trained model (set_loss: one row at a time through sft.target_loss_sum)."""
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=1, max_len=512, seed=0, lora_dropout=0.1, progress=False)
+    model, tok = fresh()
+    res = sft.train_sft(model, tok, rows, tmp_path / "epoch", val_rows=val_rows, **kw)
+    log = _log(tmp_path / "epoch")
+    assert [r["step"] for r in log if r.get("val")] == [0, 4, 8]
+    assert [r["step"] for r in log if not r.get("val")] == list(range(1, 9))   # training rows as before
+    assert all("loss" in r and "val/loss" not in r for r in log if not r.get("val"))
+    assert log[0]["step"] == 0 and log[0]["val"] == 1                          # the baseline comes first
+    expected = set_loss(res["model"], tok, val_rows)
+    assert log[-1]["step"] == 8 and log[-1]["val/loss"] == pytest.approx(expected, abs=1e-5)
+    train = [r for r in log if not r.get("val")]
+    o = res["outcome"]
+    assert o["first_loss"] == train[0]["loss"] and o["last_step_loss"] == train[-1]["loss"]   # training-only
+    assert o["val_table"] == [r for r in log if r.get("val")]
+    best = min(o["val_table"], key=lambda r: r["val/loss"])                     # only --val-data: lowest loss
+    assert o["val_best_step"] == best["step"] and o["val_best_adapter"] == f"val_ckpt/step_{best['step']:06d}/adapter"
+    for s in (0, 4, 8):
+        assert (tmp_path / "epoch" / f"val_ckpt/step_{s:06d}/adapter/adapter_config.json").exists()
+    # the step-4 adapter reloads to the step-4 val loss (bf16 storage: a tolerance)
+    base, _ = fresh()
+    mid = common.load_adapter(base, str(tmp_path / "epoch" / "val_ckpt/step_000004/adapter"))
+    assert set_loss(mid, tok, val_rows) == pytest.approx(log[[r["step"] for r in log].index(4, 5)]["val/loss"], abs=0.05)
+    assert json.loads((tmp_path / "epoch" / "result.json").read_text())["outcome"]["val_best_step"] == o["val_best_step"]
+
+    model, tok = fresh()
+    sft.train_sft(model, tok, rows, tmp_path / "every3", val_rows=val_rows, val_every=3, **kw)
+    assert [r["step"] for r in _log(tmp_path / "every3") if r.get("val")] == [0, 3, 6, 8]
+    assert sorted(p.name for p in (tmp_path / "every3" / "val_ckpt").iterdir()) == \
+        ["step_000000", "step_000003", "step_000006", "step_000008"]
+
+
+def test_validation_does_not_change_training(rows, val_rows, tmp_path, monkeypatch):
+    """Dropout on, validation after every step: the val loss's forwards and a validate() that draws from
+    torch's, python's and numpy's RNGs leave the training losses and final weights exactly those of a run
+    without validation."""
+    import random as pyrandom
+    import numpy as np
+    import evaluate
+    seen = []
+
+    def scripted(model, tok, tasks, **kw):
+        seen.append((model.training, torch.is_grad_enabled(), kw))
+        torch.rand(100), pyrandom.random(), np.random.rand()
+        model.train()           # even a validate that leaves the model in train mode: sft restores its mode
+        return {"val/syn_pass": 0.0, "val/reward": 0.0}
+    monkeypatch.setattr(evaluate, "validate", scripted)
+    kw = dict(epochs=1, lr=3e-3, batch_size=2, grad_accum=1, max_len=512, seed=3, lora_dropout=0.2, progress=False)
+    runs = {}
+    for name, extra in (("plain", {}), ("val", dict(val_rows=val_rows, val_tasks=[{"id": "x"}], val_every=1,
+                                                     val_options={"n": 2, "max_new_tokens": 7}))):
+        model, tok = fresh()
+        res = sft.train_sft(model, tok, rows, tmp_path / name, **extra, **kw)
+        runs[name] = ([r["loss"] for r in _log(tmp_path / name) if not r.get("val")],
+                      {k: v.detach().clone() for k, v in res["model"].named_parameters() if v.requires_grad})
+        assert res["model"].training
+    assert len(seen) == 5 and all(not training for training, _, _ in seen)        # steps 0..4, in eval mode
+    assert seen[0][2] == {"seed": 3, "n": 2, "max_new_tokens": 7}
+    assert runs["val"][0] == runs["plain"][0] and len(runs["plain"][0]) == 4
+    assert runs["val"][1].keys() == runs["plain"][1].keys()
+    assert all(torch.equal(runs["val"][1][k], runs["plain"][1][k]) for k in runs["plain"][1])
+    assert "val_best_step" not in json.loads((tmp_path / "plain" / "result.json").read_text())["outcome"]
+    assert not (tmp_path / "plain" / "val_ckpt").exists()
+
+
+def test_best_val_tie_rules():
+    rows = [{"step": 0, "val/syn_pass": 0.0, "val/loss": 2.0}, {"step": 2, "val/syn_pass": 50.0, "val/loss": 1.5},
+            {"step": 4, "val/syn_pass": 50.0, "val/loss": 1.2}, {"step": 6, "val/syn_pass": 50.0, "val/loss": 1.2},
+            {"step": 8, "val/syn_pass": 25.0, "val/loss": 0.5}]
+    assert sft.best_val(rows)["step"] == 4               # top SynPass, then the lower loss, then the earlier step
+    assert sft.best_val([{k: v for k, v in r.items() if k != "val/loss"} for r in rows])["step"] == 2
+    assert sft.best_val([{k: v for k, v in r.items() if k != "val/syn_pass"} for r in rows])["step"] == 8
+    assert sft.best_val([]) is None
+
+
+def test_best_step_from_scripted_validation(rows, tmp_path, monkeypatch, capsys):
+    """SynPass scripted per validation (steps 0..4): 0, 50, 50, 25, 10 -> step 1 (the earlier of the tie, no
+    val loss); its adapter is kept, and stdout says the best is not the last step."""
+    import evaluate
+    script = iter([0.0, 50.0, 50.0, 25.0, 10.0])
+    monkeypatch.setattr(evaluate, "validate", lambda model, tok, tasks, **kw: {"val/syn_pass": next(script),
+                                                                             "val/tasks": len(tasks)})
+    model, tok = fresh()
+    res = sft.train_sft(model, tok, rows, tmp_path / "s", epochs=1, lr=3e-3, batch_size=2, grad_accum=1,
+                        max_len=512, seed=0, progress=False, val_tasks=[{"id": "a"}, {"id": "b"}], val_every=1)
+    o = res["outcome"]
+    assert [(r["step"], r["val/syn_pass"], r["val/tasks"]) for r in o["val_table"]] == \
+        [(0, 0.0, 2), (1, 50.0, 2), (2, 50.0, 2), (3, 25.0, 2), (4, 10.0, 2)]
+    assert o["val_best_step"] == 1 and o["val_best_adapter"] == "val_ckpt/step_000001/adapter"
+    assert (tmp_path / "s" / o["val_best_adapter"] / "adapter_model.safetensors").exists()
+    out = capsys.readouterr().out
+    assert "sft: the best validation is step 1, not the last validated step 4" in out
+
+
+def test_bad_validation_files_end_in_one_line(rows, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    base = ["--data", str(data), "--out", str(tmp_path / "o")]
+    cases = [(["--val-data", str(tmp_path / "nope.jsonl")], f"--val-data {tmp_path / 'nope.jsonl'}: no such file"),
+             (["--val-tasks", str(tmp_path / "nope.jsonl")], f"--val-tasks {tmp_path / 'nope.jsonl'}: no such file"),
+             (["--val-data", str(empty)], f"{empty}: --val-data has no rows"),
+             (["--val-tasks", str(empty)], f"{empty}: --val-tasks has no tasks"),
+             (["--val-data", str(data), "--val-every", "0"], "--val-every must be >= 1, got 0")]
+    for extra, msg in cases:
+        assert rundir.cli("sft.py", sft.main, base + extra) == 1
+        assert capsys.readouterr().err == f"sft.py: error: {msg}\n"
+    assert not (tmp_path / "o").exists()               # refused before anything was written
+
+
+def test_resume_keeps_validation_rows_once(rows, val_rows, tmp_path):
+    """An interrupted run (stopped after step 3; its log also holds a step-4 validation written after the
+    step-3 checkpoint, as a crash between a validation and its checkpoint would leave) resumes into the same
+    log as an uninterrupted run: every val row once, none lost, and the val_ckpt folders stay."""
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, lora_dropout=0.1,
+              progress=False, val_rows=val_rows, val_every=1)
+    model, tok = fresh()
+    sft.train_sft(model, tok, rows, tmp_path / "whole", **kw)
+    model, tok = fresh()
+    sft.train_sft(model, tok, rows, tmp_path / "split", stop_after_steps=3, **kw)
+    assert [r["step"] for r in _log(tmp_path / "split") if r.get("val")] == [0, 1, 2, 3]
+    rundir.append_log(tmp_path / "split" / "log.jsonl", {"step": 4, "val": 1, "val/loss": 99.0})
+    model, tok = fresh()
+    rest = sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **kw)
+    whole, split = _log(tmp_path / "whole"), _log(tmp_path / "split")
+    assert [(r["step"], r.get("val", 0)) for r in split] == [(r["step"], r.get("val", 0)) for r in whole]
+    assert [r["step"] for r in split if r.get("val")] == [0, 1, 2, 3, 4]
+    assert [r.get("val/loss", r.get("loss")) for r in split] == \
+        pytest.approx([r.get("val/loss", r.get("loss")) for r in whole], abs=1e-5)
+    assert sorted(p.name for p in (tmp_path / "split" / "val_ckpt").iterdir()) == [f"step_{s:06d}" for s in range(5)]
+    assert len(rest["outcome"]["val_table"]) == 5 and rest["outcome"]["val_best_step"] == \
+        min(range(5), key=lambda s: whole[[r["step"] if r.get("val") else -1 for r in whole].index(s)]["val/loss"])
