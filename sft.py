@@ -257,6 +257,7 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
                 if cache is not None:
                     model.config.use_cache = True        # generation wants its KV cache (training turned it off)
                 rec.update(evaluate.validate(model, tok, val_tasks, seed=seed, **(val_options or {})))
+                common.free_fast_cache(model)   # the decoder's packed weights and KV cache: not kept while training
         finally:
             model.train(was)
             if cache is not None:
