@@ -784,6 +784,25 @@ def test_validate_step_leaves_every_rng_stream_where_it_was(tmp_path, monkeypatc
     assert rundir.rng_state() == before and [r["step"] for r in log] == [0]
     assert onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 0) is False
     assert len(log) == 1                                           # a step already validated (resume) is not redone
+    freed = []
+    monkeypatch.setattr(common, "free_fast_cache", lambda m: freed.append(m))
+    onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 2)
+    assert freed == [] and [r["step"] for r in log] == [0]          # step 2 is not due (--val-every 10)
+    onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 3,
+                           release_fast=True)
+    assert freed == [model] and [r["step"] for r in log] == [0, 3]  # the last step; the decoder's memory freed
+
+
+def test_step_time_summary_skips_validation_rows(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("rl_step_times", Path(__file__).parent.parent / "bench" / "rl_step_times.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"step": 0, "val": 1, "val/reward": 1.0, "val/s": 50.0}, {"step": 1, "t_rollout": 2.0, "t_train": 1.0},
+            {"step": 2, "t_rollout": 4.0, "t_train": 1.0}, {"step": 2, "val": 1, "val/reward": 1.1, "val/s": 50.0}]
+    out = mod.summarise(rows, 0, 2)
+    assert out["steps"] == 2 and out["step_range"] == [1, 2] and out["step_s"]["median"] == 4.0
 
 
 def test_a_bad_val_tasks_file_ends_in_one_line(tmp_path, capsys):
