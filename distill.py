@@ -22,6 +22,10 @@ Rollouts, scoring and log-probs come from onpolicy.py (shared with rl.py), the a
 optimizer step (compute_advantages, train_on_batch) from rl.py, checkpoints and logs from rundir.py.
 This file owns the teacher scoring, the pure gate, and the distillation advantage.
 
+Validation (--val-tasks, off by default) works as in rl.py (onpolicy.validate_step): the student's direct
+answers at step 0, every --val-every steps and the last step, log rows with "val": 1, OUT/best/adapter,
+--stop-on-plateau.
+
 Deviations from the paper: LoRA adapters on one (possibly 4-bit) base instead of full weights;
 teachers are adapters sampled in-process instead of SGLang servers; the Icarus scorer instead of
 xrun/IMC; run length and batch are flags (defaults: the authors' final OPD script where known).
@@ -253,7 +257,7 @@ def inherited_lr(student):
 # -----------------------------------------------------------------------------
 # The run
 
-PLOT_KEYS = ["reward", "reward_max", "teacher_reward_best", "gate_pass_rate", "skipped_groups",
+PLOT_KEYS = ["reward", "val/reward", "reward_max", "teacher_reward_best", "gate_pass_rate", "skipped_groups",
              "opd/log_ratio", "opd/b", "opd/advantage", "clip_ratio/low", "clip_ratio/high", "entropy",
              "grad_norm", "completions/mean_length", "t_gen", "t_sim", "t_train"]
 
@@ -334,6 +338,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     print("distill.py config: " + json.dumps(user_config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
+    val_tasks = onpolicy.load_val_tasks(args)          # None: no validation
     model, tok = build_models(args, student, teachers)
     names = [teacher_name(i) for i in range(len(teachers))]
     optimizer = onpolicy.make_optimizer(model, args.lr)
@@ -345,6 +350,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer,
                                                           cursor=args.cursor_start)
     dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
+    onpolicy.check_best(out, log)
 
     pool = None
     if source is None or teacher_source is None:
@@ -360,13 +366,21 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     micro_memo = {}            # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
+    stopped = False
     try:
         while True:
             last_step = step == args.steps
+            # validation (the student) before the checkpoint, so a checkpoint's log holds its step's val row
+            stopped = onpolicy.validate_step(args, model, tok, val_tasks, log, log_path, out, step,
+                                             release_fast=release_fast, write=bar.write) and not last_step
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                              {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
+                break
+            if stopped:                   # --stop-on-plateau: end as a finished run does
+                bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
+                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- rollouts and the gate
             t0 = time.perf_counter()
@@ -445,13 +459,16 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         if pool is not None:
             pool.close()
 
-    steps_with = lambda k: [r[k] for r in log if r.get(k) is not None]
+    train_log = [r for r in log if not r.get("val")]         # the training rows (val rows: validate_step)
+    steps_with = lambda k: [r[k] for r in train_log if r.get(k) is not None]
     mean_over_steps = lambda k: sum(steps_with(k)) / len(steps_with(k)) if steps_with(k) else None
-    outcome = {"reward_last": log[-1].get("reward") if log else None,
+    outcome = {"reward_last": train_log[-1].get("reward") if train_log else None,
                **{k: mean_over_steps(k) for k in ("reward", "gate_pass_rate", "teacher_reward_best",
                                                   "opd/log_ratio", "opd/b")},
                **{k: sum(steps_with(k)) for k in ["opd_groups", "rl_groups", "skipped_groups"]
                   + [f"teacher_chosen/t{t}" for t in range(len(names))]}}
+    if val_tasks is not None:
+        outcome.update(onpolicy.val_summary(log, args.val_patience), stopped_on_plateau=stopped)
     return rundir.finish_run(out, "distill.py", model, {
         "config": user_config, "outcome": {"steps": step, **outcome},
         "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}})

@@ -17,7 +17,10 @@ reading its token log-probs. Both trainers import from here; neither imports the
 import argparse
 import contextlib
 import hashlib
+import json
 import os
+import random
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +32,7 @@ import common
 import dist
 import fastgen
 import harness
+import rundir
 import sim
 
 
@@ -657,3 +661,113 @@ def add_runtime_args(p, save_every):
     g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
     g.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
     g.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    v = p.add_argument_group("validation (off without --val-tasks)")
+    v.add_argument("--val-tasks", default=None, help="task JSONL validated (evaluate.validate) at step 0, every --val-every "
+                   "steps and the last step; the best adapter goes to OUT/best/adapter")
+    v.add_argument("--val-every", type=int, default=10, help="optimizer steps between validations")
+    v.add_argument("--val-n", type=int, default=1, help="samples per validation task")
+    v.add_argument("--val-seed", type=int, default=None, help="sampling seed of every validation (None: --seed)")
+    v.add_argument("--val-patience", type=int, default=5,
+                   help=f"plateau: the last P validations beat the best before them by <= {PLATEAU_DELTA} in reward")
+    v.add_argument("--stop-on-plateau", action="store_true", help="end the run (as a finished one) once on a plateau")
+
+
+# -----------------------------------------------------------------------------
+# Validation during training (rl.py, distill.py): rows {"step", "val": 1, "val/...": ...} in log.jsonl
+
+PLATEAU_DELTA = 0.005          # a validation reward gain of at most this is no improvement (for the plateau)
+
+
+def load_val_tasks(args):
+    """--val-tasks' tasks (None without the flag); a missing or empty file is a ValueError (one line)."""
+    path = args.val_tasks
+    if path is None:
+        return None
+    for flag in ("val_every", "val_n", "val_patience"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--val-tasks {path}: no such file")
+    tasks = sim.load_tasks(path)
+    if not tasks:
+        raise ValueError(f"--val-tasks {path}: the file has no tasks")
+    return tasks
+
+
+def val_plateau(rewards, patience, delta=PLATEAU_DELTA):
+    """True when the last `patience` validation rewards beat the best one before them by at most delta
+    (so at least patience + 1 validations are needed)."""
+    if len(rewards) <= patience:
+        return False
+    return max(rewards[-patience:]) <= max(rewards[:-patience]) + delta
+
+
+def val_summary(log, patience):
+    """result.json's validation numbers from the log's val rows: the best is the first row of the highest
+    reward (a later one must beat it strictly), the plateau val_plateau's."""
+    rows = [r for r in log if r.get("val")]
+    rewards = [r["val/reward"] for r in rows]
+    best = max(range(len(rows)), key=lambda i: (rewards[i], -i)) if rows else None
+    return {"val_best_step": rows[best]["step"] if rows else None, "val_best_reward": rewards[best] if rows else None,
+            "val_last_reward": rewards[-1] if rows else None, "val_plateau": val_plateau(rewards, patience),
+            "val_rows": len(rows)}
+
+
+@contextlib.contextmanager
+def keep_rng():
+    """Run a block without moving the training RNG streams (torch CPU and CUDA, python, numpy)."""
+    py, npst = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py)
+    np.random.set_state(npst)
+
+
+def check_best(out, log):
+    """On (re)start: OUT/best/ must hold the best of the log's val rows; one saved after the checkpoint
+    resumed from (those steps are redone and validated again) is removed."""
+    best_dir = os.path.join(out, "best")
+    if not os.path.isdir(best_dir):
+        return
+    saved = None
+    try:
+        with open(os.path.join(best_dir, "val.json")) as f:
+            saved = json.load(f).get("step")
+    except (OSError, ValueError):
+        pass
+    want = val_summary(log, 1)["val_best_step"]
+    if saved != want and dist.is_main():
+        print(f"{best_dir}: step {saved} is not the logged best (step {want}): removed, the redone steps validate again")
+        shutil.rmtree(best_dir, ignore_errors=True)
+
+
+def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, release_fast=False, write=print):
+    """At step 0, every --val-every steps and the last step (unless the log already has that step's row: a
+    resumed run): validate the current weights (evaluate.validate, direct answers, the run's fixed --val-seed)
+    without moving the training RNG, log the row and, on a strictly better val/reward, save OUT/best/adapter.
+    Returns True when --stop-on-plateau should end the run now."""
+    if val_tasks is None:
+        return False
+    due = step == 0 or step % args.val_every == 0 or step == args.steps
+    if due and not any(r.get("val") and r["step"] == step for r in log):
+        import evaluate            # evaluate imports this module
+        best = val_summary(log, args.val_patience)["val_best_reward"]
+        with keep_rng():
+            m = evaluate.validate(model, tok, val_tasks, n=args.val_n, max_new_tokens=args.max_new_tokens,
+                                  seed=args.seed if args.val_seed is None else args.val_seed,
+                                  batch_size=args.gen_batch_size, sim_workers=args.sim_workers,
+                                  target_mode=args.target_mode, answer_mode=getattr(args, "answer_mode", "testbench"))
+        if release_fast:           # the update gets the decoder's packed weights and KV cache back
+            common.free_fast_cache(model)
+        row = {"step": step, "val": 1, **m}
+        log.append(row)
+        rundir.append_log(log_path, row)
+        better = best is None or m["val/reward"] > best
+        if better and dist.is_main():
+            common.save_adapter(model, os.path.join(out, "best", "adapter"))
+            with open(os.path.join(out, "best", "val.json"), "w") as f:
+                json.dump(row, f, indent=1)
+        write(f"val step {step:5d} | reward {m['val/reward']:.3f} pass@1 {m['val/pass@1']:.1f} cov@1 "
+              f"{m['val/cov@1']:.1f} syn {m['val/syn_pass']:.1f} | {m['val/s']:.0f}s" + (" | best" if better else ""))
+    return bool(args.stop_on_plateau and val_summary(log, args.val_patience)["val_plateau"])

@@ -23,6 +23,11 @@ Algorithm, per step (one optimizer update per rollout batch by default):
     are all zero (every group has zero reward variance, no KL) takes no optimizer step (Adam's momentum
     would still move the weights) and is logged as `skipped: 1`; one whose gradient norm is inf or NaN
     (bf16 overflow) takes none either, logged as `skipped_nonfinite` (an update would put NaN in the adapter).
+Validation (--val-tasks, off by default): at step 0, every --val-every steps and the last step, the current
+weights answer the validation tasks directly (evaluate.validate, one fixed --val-seed, the training RNG
+untouched); each is a row {"step", "val": 1, "val/reward", ...} of log.jsonl, a strictly better val/reward
+saves OUT/best/adapter (OUT/best/val.json: its row), and --stop-on-plateau ends the run once the last
+--val-patience validations gained at most 0.005 over the best before them (onpolicy.validate_step).
 Options (off in --profile paper, the paper's setting): dynamic sampling (drop groups whose rewards
 have zero variance and refill from extra prompts, up to a cap), DAPO's soft overlong punishment,
 and a k3 KL penalty to the initial adapter. The zero-variance group fraction is logged either way.
@@ -52,9 +57,9 @@ import dist
 import harness
 import rundir
 import sim
-from onpolicy import (add_rollout_args, add_runtime_args, build_policy, collect_groups, derive_seed,
-                      make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens, per_token_logps,
-                      release_fast_default, rollout_metrics, use_adapter)
+from onpolicy import (add_rollout_args, add_runtime_args, build_policy, check_best, collect_groups, derive_seed,
+                      load_val_tasks, make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens,
+                      per_token_logps, release_fast_default, rollout_metrics, use_adapter, val_summary, validate_step)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -263,7 +268,7 @@ PROFILES = {
     "small": {"dynamic_sampling": True, "overlong_buffer": 0, "kl_beta": 0.0, "max_new_tokens": 1024},
 }
 
-PLOT_KEYS = ["reward", "reward_max", ("reward_r1", "reward_r2"), "pass_rate", "coverage", "compile_rate",
+PLOT_KEYS = ["reward", "val/reward", "reward_max", ("reward_r1", "reward_r2"), "pass_rate", "coverage", "compile_rate",
              "frac_reward_zero_std", ("clip_ratio/low", "clip_ratio/high"), "entropy", "completions/mean_length",
              "grad_norm", ("t_gen", "t_sim", "t_train")]
 
@@ -351,6 +356,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     print("rl.py config: " + json.dumps(user_config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
+    val_tasks = load_val_tasks(args)                  # None: no validation
     model, tok, ref_adapter = build_policy(args)
     tasks = filter_long_prompts(tasks, tok, model, args)
     optimizer = make_optimizer(model, args.lr)
@@ -360,6 +366,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
 
     step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer, cursor=0)
     dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
+    check_best(out, log)
 
     pool = None
     if source is None:
@@ -373,13 +380,22 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
+    stopped = False
     try:
         while True:
             last_step = step == args.steps
+            # validation before the checkpoint, so a checkpoint's log holds its step's val row
+            stopped = validate_step(args, model, tok, val_tasks, log, log_path, out, step,
+                                    release_fast=release_fast_default(args.release_fast), write=bar.write) \
+                and not last_step
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                                  {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
             if last_step:
+                break
+            if stopped:                   # --stop-on-plateau: end as a finished run does
+                bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
+                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- one RL step
             t0 = time.perf_counter()
@@ -425,10 +441,11 @@ def run(args, *, source=None, score_fn=None, tasks=None):
         if pool is not None:
             pool.close()
 
-    last = log[-1] if log else {}
+    last = next((r for r in reversed(log) if not r.get("val")), {})       # the last training row
+    val = {**val_summary(log, args.val_patience), "stopped_on_plateau": stopped} if val_tasks is not None else {}
     return rundir.finish_run(out, "rl.py", model, {
         "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
-        "outcome": {"steps": step, **{k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}}})
+        "outcome": {"steps": step, **{k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}, **val}})
 
 
 def main(argv=None):

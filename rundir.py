@@ -2,7 +2,8 @@
 
     OUT/ckpt/step_000010/   adapter/ (peft, bf16), optimizer.pt (exact trainable weights, optimizer and
                             scheduler state), meta.json (step, RNG states, the stage's own data cursor/config)
-    OUT/log.jsonl           one JSON object per optimizer step
+    OUT/log.jsonl           one JSON object per optimizer step (rl.py / distill.py: also validation rows,
+                            {"step", "val": 1, "val/...": ...}; readers of training rows skip them)
     OUT/curves.png          the log's columns against step
     OUT/result.json         {"config", "setup", "outcome"}: what was asked, what it ran on, what came out
     OUT/done.json           {"script", "finished_at", "files"}, written last: its presence means complete

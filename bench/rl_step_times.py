@@ -34,7 +34,7 @@ def step_time(row):
 
 def summarise(rows, first, last):
     """{field: {median, min, max}} over the rows with first <= step <= last, step_s included."""
-    window = [r for r in rows if first <= r.get("step", 0) <= last]
+    window = [r for r in rows if first <= r.get("step", 0) <= last and not r.get("val")]   # no validation rows
     if not window:
         return {"steps": 0}
     fields = sorted({k for r in window for k in r if k.startswith("t_") and isinstance(r[k], (int, float))})

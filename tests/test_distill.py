@@ -427,3 +427,141 @@ def test_cursor_start_continues_after_the_prompts_rl_used(experts, tmp_path):
     distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
                       "--cursor-start", "2"), source=recording_source, teacher_source=teacher_source, tasks=tasks)
     assert seen == [(2, [x, y])]
+
+
+# -----------------------------------------------------------------------------
+# validation during distillation (onpolicy.validate_step, as in rl.py)
+
+VAL_TASK = {"id": "val/and", "spec_files": [], "instruction": "Write a testbench for and_gate; instance name dut.",
+            "rtl_files": [{"name": "and_gate.sv", "content": "module and_gate(input a, input b, output y);\n"
+                                                              "  assign y = a & b;\nendmodule\n"}],
+            "dut_module_name": "and_gate", "dut_instance_name": "dut",
+            "targets": [{"inst_name": "dut", "metric": "overall_average", "target_percentage": 90.0}]}
+
+
+def _val_file(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(VAL_TASK) + "\n")
+    return str(path)
+
+
+def _validate_by_weights(monkeypatch, rewards):
+    """evaluate.validate scripted: the i-th distinct student weights get rewards[i] (a resumed run's
+    redone step sees the same weights, so the same reward). Returns the rewards in call order."""
+    import evaluate
+    table, seen = {}, []
+
+    def fake(model, tok, tasks, **kw):
+        key = tuple(float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad)
+        if key not in table:
+            table[key] = rewards[len(table)]
+        seen.append(table[key])
+        return {"val/reward": table[key], "val/pass@1": 0.0, "val/cov@1": 0.0, "val/syn_pass": 0.0,
+                "val/tasks": len(tasks), "val/s": 0.0}
+    monkeypatch.setattr(evaluate, "validate", fake)
+    return seen
+
+
+def _log(out):
+    return [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+
+
+VAL_EXTRA = ["--prompts-per-step", "2", "--group-size", "2", "--on-fail", "rl", "--plot-every", "100"]
+
+
+def test_validation_rows_best_plateau_and_stop(experts, tmp_path, monkeypatch):
+    paths, _, tok = experts
+    tasks, _, table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    seen = _validate_by_weights(monkeypatch, [0.5, 0.7, 0.7, 0.6])           # steps 0, 2, 4, 5
+    out = tmp_path / "run"
+    distill.run(_args(paths, out, *VAL_EXTRA, "--steps", "5", "--val-tasks", _val_file(tmp_path), "--val-every", "2",
+                      "--val-patience", "2"), source=source, teacher_source=teacher_source, tasks=tasks)
+    log = _log(out)
+    assert [r["step"] for r in log if r.get("val")] == [0, 2, 4, 5] and seen == [0.5, 0.7, 0.7, 0.6]
+    train = [r for r in log if not r.get("val")]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5]
+    assert json.loads((out / "best" / "val.json").read_text())["step"] == 2       # 0.7 at step 4 is no gain
+    outcome = json.loads((out / "result.json").read_text())["outcome"]
+    assert outcome["reward_last"] == train[-1]["reward"]
+    assert outcome["reward"] == pytest.approx(sum(r["reward"] for r in train) / 5)   # training rows only
+    assert {k: outcome[k] for k in ("val_best_step", "val_best_reward", "val_last_reward", "val_plateau", "val_rows",
+                                    "stopped_on_plateau")} == \
+        {"val_best_step": 2, "val_best_reward": 0.7, "val_last_reward": 0.6, "val_plateau": True, "val_rows": 4,
+         "stopped_on_plateau": False}
+
+    seen = _validate_by_weights(monkeypatch, [0.5, 0.6, 0.6, 0.602, 9.0])     # plateau at step 3 (patience 2)
+    out = tmp_path / "stop"
+    distill.run(_args(paths, out, *VAL_EXTRA, "--steps", "10", "--val-tasks", _val_file(tmp_path), "--val-every", "1",
+                      "--val-patience", "2", "--stop-on-plateau"), source=source, teacher_source=teacher_source,
+                tasks=tasks)
+    log = _log(out)
+    assert [r["step"] for r in log if r.get("val")] == [0, 1, 2, 3] and len(log) == 7
+    outcome = json.loads((out / "result.json").read_text())["outcome"]
+    assert outcome["steps"] == 3 and outcome["stopped_on_plateau"] is True and outcome["val_best_step"] == 3
+    assert (out / "done.json").exists() and (out / "adapter" / "adapter_config.json").exists()
+
+
+def test_resume_keeps_validations_and_the_best(experts, tmp_path, monkeypatch):
+    paths, _, tok = experts
+    tasks, _, table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    seen = _validate_by_weights(monkeypatch, [0.5, 0.9, 0.6, 1.0, 0.8])
+    extra = [*VAL_EXTRA, "--steps", "4", "--save-every", "2", "--val-tasks", _val_file(tmp_path), "--val-every", "1"]
+    distill.run(_args(paths, tmp_path / "a", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert seen == [0.5, 0.9, 0.6, 1.0, 0.8]
+
+    class Killed(Exception):
+        pass
+
+    def dying_source(model, tok_, tasks_, *, step, first_index):
+        if step == 3:                      # update 4, after step 3's validation (the best); checkpoint 2 newest
+            raise Killed
+        return source(model, tok_, tasks_, step=step, first_index=first_index)
+    b = tmp_path / "b"
+    with pytest.raises(Killed):
+        distill.run(_args(paths, b, *extra), source=dying_source, teacher_source=teacher_source, tasks=tasks)
+    assert json.loads((b / "best" / "val.json").read_text())["step"] == 3
+    distill.run(_args(paths, b, *extra, "--resume"), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert seen[5:] == [0.5, 0.9, 0.6, 1.0, 1.0, 0.8]       # run b: steps 0..3, killed; resumed: 3 redone, 4
+    strip = lambda log: [(r["step"], r.get("val"), r.get("val/reward"), r.get("reward"), r.get("loss")) for r in log]
+    assert strip(_log(tmp_path / "a")) == strip(_log(b))
+    oa, ob = (json.loads((tmp_path / r / "result.json").read_text())["outcome"] for r in "ab")
+    assert oa == ob and ob["val_best_step"] == 3 and ob["val_rows"] == 5
+    wa, wb = (load_file(str(tmp_path / r / "best" / "adapter" / "adapter_model.safetensors")) for r in "ab")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.needs_iverilog
+def test_validation_does_not_change_training(experts, tmp_path, monkeypatch):
+    """The real evaluate.validate of the student (plus draws from every RNG inside it) at every step:
+    training rows and weights equal a run without validation."""
+    import random
+    import evaluate
+    paths, _, tok = experts
+    tasks, _, table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    real = evaluate.validate
+    monkeypatch.setattr(evaluate, "validate", lambda *a, **k: (torch.rand(5), random.random(), real(*a, **k))[-1])
+    extra = [*VAL_EXTRA, "--steps", "2", "--max-new-tokens", "8", "--sim-workers", "1"]
+    distill.run(_args(paths, tmp_path / "plain", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+    distill.run(_args(paths, tmp_path / "val", *extra, "--val-tasks", _val_file(tmp_path), "--val-every", "1"),
+                source=source, teacher_source=teacher_source, tasks=tasks)
+    lp, lv = _log(tmp_path / "plain"), _log(tmp_path / "val")
+    assert [r["step"] for r in lv if r.get("val")] == [0, 1, 2]
+    keys = ("step", "reward", "loss", "grad_norm", "opd/log_ratio", "cursor")
+    assert [[r.get(k) for k in keys] for r in lp] == [[r.get(k) for k in keys] for r in lv if not r.get("val")]
+    wp, wv = (_trainable(tmp_path / r / "ckpt" / "step_000002") for r in ("plain", "val"))
+    assert all(torch.equal(wp[k], wv[k]) for k in wp)
+
+
+def test_a_bad_val_tasks_file_ends_in_one_line(experts, tmp_path, capsys):
+    paths, _, _ = experts
+    tasks_path = tmp_path / "tasks.jsonl"
+    tasks_path.write_text(json.dumps(VAL_TASK) + "\n")
+    missing = tmp_path / "none.jsonl"
+    argv = ["--model", "tiny", "--student", paths["student"], "--teachers", paths["t0"], paths["t1"], "--tasks",
+            str(tasks_path), "--out", str(tmp_path / "o"), "--steps", "1", "--val-tasks", str(missing)]
+    assert rundir.cli("distill.py", distill.main, argv) == 1
+    err = capsys.readouterr().err
+    assert err == f"distill.py: error: --val-tasks {missing}: no such file\n"

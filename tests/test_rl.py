@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import common
 import onpolicy
@@ -582,3 +583,238 @@ def test_micro_tokens_passes_numbers_through_and_auto_on_cpu_takes_the_cpu_budge
     assert onpolicy.micro_batches(rows, 0) == [[0, 1]]
     assert onpolicy.micro_tokens(m, rows, "auto", {}) == max(onpolicy.AUTO_CPU_TOKENS, 5000)
     assert onpolicy.micro_tokens(m, rows[1:], "auto", {}) == onpolicy.AUTO_CPU_TOKENS
+
+
+# -----------------------------------------------------------------------------
+# validation during training (onpolicy.validate_step): rows, best adapter, plateau, resume, RNG
+
+def test_val_plateau_and_summary_known_answers():
+    plateau = onpolicy.val_plateau
+    assert not plateau([1.0, 1.1], 2)                          # needs patience + 1 validations
+    assert plateau([1.0, 1.2, 1.203, 1.1, 1.204], 3)           # best of the last 3: 1.204 <= 1.2 + 0.005
+    assert not plateau([1.0, 1.2, 1.203, 1.1, 1.206], 3)       # 1.206 > 1.205
+    assert plateau([1.0, 1.2, 1.1], 1) and not plateau([1.0, 1.1], 1)
+    log = [{"step": 0, "val": 1, "val/reward": 0.5}, {"step": 1, "reward": 9.0},
+           {"step": 2, "val": 1, "val/reward": 0.7}, {"step": 4, "val": 1, "val/reward": 0.7}]
+    assert onpolicy.val_summary(log, 1) == {"val_best_step": 2, "val_best_reward": 0.7, "val_last_reward": 0.7,
+                                            "val_plateau": True, "val_rows": 3}     # the tie at step 4 is no gain
+    assert onpolicy.val_summary(log, 2)["val_plateau"] is False                      # 0.7 > 0.5 + 0.005
+    assert onpolicy.val_summary([{"step": 1, "reward": 1.0}], 5)["val_rows"] == 0
+
+
+def _val_file(tmp_path, n=1):
+    path = tmp_path / "val.jsonl"
+    path.write_text("".join(json.dumps(dict(AND_TASK, id=f"val{k}")) + "\n" for k in range(n)))
+    return str(path)
+
+
+def _scripted_validate(monkeypatch, rewards):
+    """evaluate.validate returning rewards[i] at its i-th call; records the calls' seeds and the adapter's
+    weight sum (validation must see the current weights)."""
+    import evaluate
+    calls = []
+
+    def fake(model, tok, tasks, **kw):
+        w = sum(float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad)
+        calls.append({"seed": kw["seed"], "n": kw["n"], "tasks": len(tasks), "weights": w})
+        r = rewards[len(calls) - 1]
+        return {"val/reward": r, "val/pass@1": 10 * r, "val/cov@1": 20 * r, "val/syn_pass": 30 * r,
+                "val/tasks": len(tasks), "val/s": 0.0}
+    monkeypatch.setattr(evaluate, "validate", fake)
+    return calls
+
+
+def _spy_best_saves(monkeypatch):
+    saves, real = [], common.save_adapter
+
+    def spy(model, path, *a, **k):
+        if str(path).endswith("/best/adapter"):
+            saves.append(str(path))
+        return real(model, path, *a, **k)
+    monkeypatch.setattr(common, "save_adapter", spy)
+    return saves
+
+
+RL_BASE = ["--model", "tiny", "--tasks", "unused", "--prompts-per-step", "1", "--group-size", "3",
+           "--max-new-tokens", "8", "--lr", "1e-2", "--profile", "paper", "--seed", "7",
+           "--no-gradient-checkpointing", "--plot-every", "100"]
+
+
+def _log(out):
+    return [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_validation_rows_best_adapter_and_plateau(tmp_path, monkeypatch):
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    calls = _scripted_validate(monkeypatch, [0.5, 0.7, 0.7, 0.6])     # steps 0, 2, 4, 5
+    saves = _spy_best_saves(monkeypatch)
+    out = tmp_path / "run"
+    rl.run(rl.parse_args(RL_BASE + ["--out", str(out), "--steps", "5", "--val-tasks", _val_file(tmp_path, 2),
+                                    "--val-every", "2", "--val-n", "3", "--val-patience", "2", "--save-every", "5"]),
+           score_fn=_hash_score, tasks=tasks)
+    log = _log(out)
+    assert [r["step"] for r in log if r.get("val")] == [0, 2, 4, 5]
+    assert [r["step"] for r in log if not r.get("val")] == [1, 2, 3, 4, 5]      # training rows as before
+    assert all("val/reward" not in r for r in log if not r.get("val"))
+    assert [r["val/pass@1"] for r in log if r.get("val")] == pytest.approx([5.0, 7.0, 7.0, 6.0])
+    assert [c["seed"] for c in calls] == [7] * 4 and {c["n"] for c in calls} == {3} and calls[0]["tasks"] == 2
+    assert len({c["weights"] for c in calls}) == 4                  # each validation sees the weights of its step
+    assert saves == [str(out / "best" / "adapter")] * 2             # steps 0 and 2; 0.7 at step 4 is not better
+    assert json.loads((out / "best" / "val.json").read_text())["step"] == 2
+    outcome = json.loads((out / "result.json").read_text())["outcome"]
+    assert outcome["steps"] == 5 and outcome["reward"] == log[-2]["reward"]       # the last training row
+    assert {k: outcome[k] for k in ("val_best_step", "val_best_reward", "val_last_reward", "val_plateau",
+                                    "val_rows", "stopped_on_plateau")} == \
+        {"val_best_step": 2, "val_best_reward": 0.7, "val_last_reward": 0.6, "val_plateau": True, "val_rows": 4,
+         "stopped_on_plateau": False}
+    meta = rundir.read_meta(out / "ckpt" / "step_000005")          # the last checkpoint holds the last val row
+    assert meta["log"][-1] == log[-1]
+
+
+def test_stop_on_plateau_ends_the_run_as_a_finished_one(tmp_path, monkeypatch):
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    # steps 0..3; at step 3 the last two (0.6, 0.602) beat the best before them (0.6) by <= 0.005: plateau,
+    # while 0.602 > 0.6 is still saved as the best
+    _scripted_validate(monkeypatch, [0.5, 0.6, 0.6, 0.602, 9.0])
+    saves = _spy_best_saves(monkeypatch)
+    out = tmp_path / "run"
+    rl.run(rl.parse_args(RL_BASE + ["--out", str(out), "--steps", "10", "--val-tasks", _val_file(tmp_path),
+                                    "--val-every", "1", "--val-patience", "2", "--stop-on-plateau"]),
+           score_fn=_hash_score, tasks=tasks)
+    log = _log(out)
+    assert [r["step"] for r in log if r.get("val")] == [0, 1, 2, 3]
+    assert [r["step"] for r in log if not r.get("val")] == [1, 2, 3]
+    assert len(saves) == 3 and json.loads((out / "best" / "val.json").read_text())["step"] == 3
+    outcome = json.loads((out / "result.json").read_text())["outcome"]
+    assert outcome["steps"] == 3 and outcome["stopped_on_plateau"] is True and outcome["val_plateau"] is True
+    assert outcome["val_best_step"] == 3 and outcome["val_best_reward"] == 0.602
+    assert (out / "done.json").exists() and (out / "adapter" / "adapter_config.json").exists()
+    assert (out / "curves.png").exists()
+
+
+def test_resume_keeps_validations_and_the_best(tmp_path, monkeypatch):
+    """Killed during update 4 (after step 3's validation, the best so far, but with checkpoint 2 the newest):
+    the resumed run drops best/ of step 3, redoes step 3's validation and ends as the uninterrupted run."""
+    import evaluate
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    rewards, table, seen = [0.5, 0.9, 0.6, 1.0, 0.8], {}, []
+
+    def by_weights(model, tok, val_tasks, **kw):         # the same weights get the same reward in every run
+        key = tuple(float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad)
+        if key not in table:
+            table[key] = rewards[len(table)]
+        r = table[key]
+        seen.append(r)
+        return {"val/reward": r, "val/pass@1": 0.0, "val/cov@1": 0.0, "val/syn_pass": 0.0,
+                "val/tasks": len(val_tasks), "val/s": 0.0}
+    monkeypatch.setattr(evaluate, "validate", by_weights)
+    base = RL_BASE + ["--steps", "4", "--save-every", "2", "--val-tasks", _val_file(tmp_path), "--val-every", "1"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
+    assert seen == rewards and len(table) == 5
+
+    class Killed(Exception):
+        pass
+
+    def dying_score(task, c):
+        if len(seen) == 9:                 # run b has validated steps 0..3
+            raise Killed
+        return _hash_score(task, c)
+    with pytest.raises(Killed):
+        rl.run(rl.parse_args(base + ["--out", str(tmp_path / "b")]), score_fn=dying_score, tasks=tasks)
+    b = tmp_path / "b"
+    assert rundir.latest_checkpoint(b / "ckpt").name == "step_000002"
+    assert json.loads((b / "best" / "val.json").read_text())["step"] == 3       # after the checkpoint
+    rl.run(rl.parse_args(base + ["--out", str(b), "--resume"]), score_fn=_hash_score, tasks=tasks)
+    assert seen[9:] == [1.0, 0.8] and len(table) == 5      # steps 0..2 not repeated; 3 redone, 4 new
+    la, lb = _log(tmp_path / "a"), _log(b)
+    strip = lambda log: [(r["step"], r.get("val"), r.get("val/reward"), r.get("reward"), r.get("cursor")) for r in log]
+    assert strip(la) == strip(lb) and sum(1 for r in lb if r.get("val")) == 5
+    assert json.loads((b / "best" / "val.json").read_text())["step"] == 3
+    oa, ob = (json.loads((tmp_path / r / "result.json").read_text())["outcome"] for r in "ab")
+    assert oa == ob and ob["val_best_step"] == 3 and ob["val_rows"] == 5
+    wa, wb = (load_file(str(tmp_path / r / "best" / "adapter" / "adapter_model.safetensors")) for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.needs_iverilog
+def test_validation_does_not_change_training(tmp_path, monkeypatch):
+    """The real evaluate.validate (plus every RNG stream drawn from inside it) between the steps: the
+    training rows and the weights equal a run without validation."""
+    import random
+    import evaluate
+    real = evaluate.validate
+
+    def noisy(*a, **k):
+        torch.rand(5), random.random(), np.random.rand()
+        return real(*a, **k)
+    monkeypatch.setattr(evaluate, "validate", noisy)
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    base = RL_BASE + ["--steps", "3", "--sim-workers", "1"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "plain")]), score_fn=_hash_score, tasks=tasks)
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "val"), "--val-tasks", _val_file(tmp_path),
+                                 "--val-every", "1"]), score_fn=_hash_score, tasks=tasks)
+    lp, lv = _log(tmp_path / "plain"), _log(tmp_path / "val")
+    vals = [r for r in lv if r.get("val")]
+    assert [r["step"] for r in vals] == [0, 1, 2, 3] and all(r["val/tasks"] == 1 for r in vals)
+    assert all(0.0 <= r["val/reward"] <= 2.0 and "val/pass@1" in r and "val/syn_pass" in r for r in vals)
+    keys = ("step", "reward", "loss", "grad_norm", "entropy", "cursor", "completions/mean_length")
+    train = [r for r in lv if not r.get("val")]
+    assert [[r.get(k) for k in keys] for r in lp] == [[r.get(k) for k in keys] for r in train]
+    assert any(r["grad_norm"] > 0 for r in lp)                       # the steps did update
+    wp, wv = (_trainable(tmp_path / r / "ckpt" / "step_000003") for r in ("plain", "val"))
+    assert wp.keys() == wv.keys() and all(torch.equal(wp[k], wv[k]) for k in wp)
+
+
+def _trainable(path):
+    return torch.load(path / "optimizer.pt", weights_only=False)["trainable"]
+
+
+def test_validate_step_leaves_every_rng_stream_where_it_was(tmp_path, monkeypatch):
+    """The trainers reseed per step, so the run above would not notice a moved stream: check the states."""
+    import random
+    import evaluate
+    monkeypatch.setattr(evaluate, "validate", lambda *a, **k: (torch.rand(5), random.random(), np.random.rand(),
+                        {"val/reward": 1.0, "val/pass@1": 0.0, "val/cov@1": 0.0, "val/syn_pass": 0.0, "val/s": 0.0})[-1])
+    args = rl.parse_args(RL_BASE + ["--out", str(tmp_path), "--steps", "3", "--val-tasks", "unused"])
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(common, "save_adapter", lambda m, path: __import__("os").makedirs(path, exist_ok=True))
+    before = rundir.rng_state()
+    log = []
+    assert onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 0) is False
+    assert rundir.rng_state() == before and [r["step"] for r in log] == [0]
+    assert onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 0) is False
+    assert len(log) == 1                                           # a step already validated (resume) is not redone
+    freed = []
+    monkeypatch.setattr(common, "free_fast_cache", lambda m: freed.append(m))
+    onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 2)
+    assert freed == [] and [r["step"] for r in log] == [0]          # step 2 is not due (--val-every 10)
+    onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 3,
+                           release_fast=True)
+    assert freed == [model] and [r["step"] for r in log] == [0, 3]  # the last step; the decoder's memory freed
+
+
+def test_step_time_summary_skips_validation_rows(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("rl_step_times", Path(__file__).parent.parent / "bench" / "rl_step_times.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"step": 0, "val": 1, "val/reward": 1.0, "val/s": 50.0}, {"step": 1, "t_rollout": 2.0, "t_train": 1.0},
+            {"step": 2, "t_rollout": 4.0, "t_train": 1.0}, {"step": 2, "val": 1, "val/reward": 1.1, "val/s": 50.0}]
+    out = mod.summarise(rows, 0, 2)
+    assert out["steps"] == 2 and out["step_range"] == [1, 2] and out["step_s"]["median"] == 4.0
+
+
+def test_a_bad_val_tasks_file_ends_in_one_line(tmp_path, capsys):
+    tasks_path = tmp_path / "tasks.jsonl"
+    tasks_path.write_text(json.dumps(AND_TASK) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for bad, says in ((tmp_path / "none.jsonl", "no such file"), (empty, "has no tasks")):
+        argv = ["--model", "tiny", "--tasks", str(tasks_path), "--out", str(tmp_path / "o"), "--steps", "1",
+                "--val-tasks", str(bad)]
+        assert rundir.cli("rl.py", rl.main, argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("rl.py: error: --val-tasks ") and str(bad) in err and says in err
+        assert len(err.splitlines()) == 1
+    assert not (tmp_path / "o" / "log.jsonl").exists()              # refused before any work
