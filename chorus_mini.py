@@ -143,6 +143,15 @@ PROFILES = {
         "opd_prompts": 1,          # prompts per step (authors' final script: 4)
         "opd_group": 2,            # G student samples per group (paper: 4)
         "opd_teacher_samples": 1,  # rollouts per teacher and group (final script: 1)
+        # validation during training (sft.py / rl.py / distill.py --val-*), on data/val_tasks.jsonl
+        "train_val": False,        # on: SFT logs val/loss (teacher rows of the val tasks) and val/syn_pass per
+                                   # validation and keeps each validated adapter; RL/OPD log val/reward and keep
+                                   # OUT/best/adapter; the plateau is reported (issue 21's stopping points)
+        "train_val_n": 1,          # samples per val task in those validations (direct answers, fixed seed)
+        "sft_val_every": None,     # optimizer steps between SFT validations (None: each epoch's end)
+        "rl_val_every": 10,        # RL/OPD steps between validations
+        "rl_val_patience": 5,      # validations without a gain > 0.005 in val/reward that make a plateau
+        "rl_stop_on_plateau": False,  # end an RL/OPD run at its plateau (its steps are then a maximum)
         # validation and evaluation (evaluate.py)
         "val_n": 1,                # samples per validation task
         "val_rounds": 0,           # refinement rounds on validation (0 = direct)
@@ -210,6 +219,7 @@ PROFILES["small"] = {
     "opd_steps": 10,           # half an RL expert's steps: what one GPU session had left (results/small_run.md)
     "opd_prompts": 8,          # authors' final script: 4
     "opd_group": 4,            # paper: 4
+    "train_val": True,         # validation curves during SFT / RL / OPD (see the smoke profile's keys)
     "val_n": 2,
     "val_rounds": 1,
     "eval_n": 5,               # paper: 5
@@ -528,6 +538,10 @@ def data_cmds(c, o, model_path):
     cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
                      *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                            workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "done.json"))
+    if c["train_val"]:   # the val tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on
+        cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "val_tasks.jsonl"), "--out", rel(d / "val_sft"),
+                         *opts(n=c["sft_tries"], rounds=0, fail_fraction=0, level=c["teacher_level"], seed=c["seed"],
+                               workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "val_sft" / "done.json"))
     return cmds
 
 
@@ -554,17 +568,30 @@ def sft_cmd(c, o, model, data, init=None, name="sft0"):
                 *opts(model=model, quant=c["quant"], init_adapter=init and rel(o / init / "adapter"),
                       lora_r=c["lora_r"], epochs=c["sft_epochs"], lr=c["sft_lr"], batch_size=c["sft_batch_size"],
                       grad_accum=c["sft_grad_accum"], max_len=c["sft_max_len"], limit=c["sft_limit"],
-                      seed=c["seed"], gradient_checkpointing=c["grad_ckpt"]), "--resume"])
+                      seed=c["seed"], gradient_checkpointing=c["grad_ckpt"]), *sft_val_opts(c, o), "--resume"])
 
 
-def common_train_opts(c):
-    """Options rl.py and distill.py share."""
+def sft_val_opts(c, o):
+    """sft.py's validation (train_val): val/loss on the val tasks' teacher rows, val/syn_pass on the val tasks."""
+    if not c["train_val"]:
+        return []
+    return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(o / "data/val_tasks.jsonl"),
+                val_every=c["sft_val_every"], val_n=c["train_val_n"], val_max_new_tokens=c["max_new_tokens"],
+                answer_mode=c["answer_mode"], target_mode=c["target_mode"], sim_workers=c["sim_workers"],
+                gen_batch_size=c["gen_batch_size"])
+
+
+def common_train_opts(c, o):
+    """Options rl.py and distill.py share (o: the run folder)."""
     return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
                   max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
                   gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"], answer_mode=c["answer_mode"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
-            *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])), "--resume"]
+            *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])),
+            *(opts(val_tasks=rel(o / "data/val_tasks.jsonl"), val_every=c["rl_val_every"], val_n=c["train_val_n"],
+                   val_patience=c["rl_val_patience"], stop_on_plateau=c["rl_stop_on_plateau"])
+              if c["train_val"] else []), "--resume"]
 
 
 def rl_cmd(c, o, model, k):
@@ -572,7 +599,7 @@ def rl_cmd(c, o, model, k):
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
-                      lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c)])
+                      lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o)])
 
 
 def merge_cmd(c, o, name):
@@ -608,7 +635,7 @@ def opd_cmd(c, o, model, variant):
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
                       cursor_start=rl_prompts_used(c)),          # continue on prompts RL has not used
-                *OPD_VARIANTS[variant], *common_train_opts(c)])
+                *OPD_VARIANTS[variant], *common_train_opts(c, o)])
 
 
 def model_adapters(o):

@@ -715,9 +715,11 @@ def val_summary(log, patience):
 
 @contextlib.contextmanager
 def keep_rng():
-    """Run a block without moving the training RNG streams (torch CPU and CUDA, python, numpy)."""
+    """Run a block without moving the training RNG streams (torch CPU and this process's CUDA device, python,
+    numpy). Only the current device: forking every visible GPU would open a CUDA context on each from every
+    rank of a multi-process run."""
     py, npst = random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         yield
     random.setstate(py)

@@ -48,7 +48,6 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -58,6 +57,7 @@ from common import parse_tokens_per_micro  # noqa: F401  (sft.parse_tokens_per_m
 import dist
 import evaluate
 import harness
+import onpolicy
 import rundir
 import sim
 
@@ -246,8 +246,7 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
     mode it was in."""
     rec = {"step": step, "val": 1}
     was, cache = model.training, getattr(getattr(model, "config", None), "use_cache", None)
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with onpolicy.keep_rng():
         model.eval()
         try:
             if val_encoded:
@@ -262,8 +261,6 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
             model.train(was)
             if cache is not None:
                 model.config.use_cache = cache
-            random.setstate(py_state)
-            np.random.set_state(np_state)
     return rec
 
 

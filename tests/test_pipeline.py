@@ -61,14 +61,44 @@ def test_profiles_share_keys():
     assert cm.PROFILES["4b"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and cm.PROFILES["4b"]["quant"] == "4bit"
     assert set(cm.NEEDS) <= set(cm.STAGES)
     # release_fast: True/False are passed on to rl.py and distill.py, None leaves their GPU-size default
-    assert "--release-fast" in cm.common_train_opts(cm.PROFILES["4b"])
-    small = cm.common_train_opts(cm.PROFILES["small"])
+    o = Path("runs/x")
+    assert "--release-fast" in cm.common_train_opts(cm.PROFILES["4b"], o)
+    small = cm.common_train_opts(cm.PROFILES["small"], o)
     assert "--release-fast" not in small and "--no-release-fast" not in small
-    assert "--no-release-fast" in cm.common_train_opts(cm.apply_overrides(cm.PROFILES["small"], ["release_fast=false"]))
+    assert "--no-release-fast" in cm.common_train_opts(cm.apply_overrides(cm.PROFILES["small"], ["release_fast=false"]), o)
 
 
 # -----------------------------------------------------------------------------
 # running one command
+
+def test_train_val_reaches_sft_rl_and_opd(tmp_path):
+    """train_val on: sft.py gets the val tasks and the val tasks' teacher rows (built by the data stage, stage 0
+    only), rl.py and distill.py the val tasks, period and patience (and --stop-on-plateau when asked); off (the
+    smoke profile): none of it. The small profile validates."""
+    o = tmp_path
+
+    def argv(cmd):
+        return [str(x) for x in cmd.argv]
+
+    def value(args, flag):
+        return args[args.index(flag) + 1] if flag in args else None
+    assert cm.PROFILES["small"]["train_val"] and not cm.PROFILES["smoke"]["train_val"]
+    off = cm.PROFILES["smoke"]
+    cmds = [cm.sft_cmd(off, o, "M", "data/stage0.jsonl"), cm.rl_cmd(off, o, "M", 0), cm.opd_cmd(off, o, "M", "opd")]
+    assert not {"--val-tasks", "--val-data", "--val-every", "--stop-on-plateau"} & {a for c in cmds for a in argv(c)}
+    assert not any("val_sft" in a for c in cm.data_cmds(off, o, o / "m") for a in argv(c))
+    on = cm.apply_overrides(cm.PROFILES["smoke"], ["train_val=true", "rl_val_every=7", "rl_stop_on_plateau=true"])
+    sft = argv(cm.sft_cmd(on, o, "M", "data/stage0.jsonl"))
+    assert value(sft, "--val-data") == str(o / "data/val_sft/stage0.jsonl")
+    assert value(sft, "--val-tasks") == str(o / "data/val_tasks.jsonl") and "--val-every" not in sft   # each epoch
+    for cmd in (cm.rl_cmd(on, o, "M", 1), cm.opd_cmd(on, o, "M", "opd_nogate")):
+        a = argv(cmd)
+        assert (value(a, "--val-tasks"), value(a, "--val-every"), value(a, "--val-patience")) == \
+            (str(o / "data/val_tasks.jsonl"), "7", "5") and "--stop-on-plateau" in a
+    build = [argv(c) for c in cm.data_cmds(on, o, o / "m") if any("val_sft" in a for a in argv(c))]
+    assert len(build) == 1 and value(build[0], "--tasks") == str(o / "data/val_tasks.jsonl")
+    assert value(build[0], "--rounds") == "0"
+
 
 def test_execute_tees_output_and_reports_failure(tmp_path):
     log = tmp_path / "stdout.log"
