@@ -535,13 +535,14 @@ def data_cmds(c, o, model_path):
                         done=d / "pool" / "pool_stats.json"))
         argv = ["python", "chorus_mini.py", "mix-tasks", "--data", rel(d), "--real-val", c["real_val_tasks"]]
         cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
-    cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
-                     *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
-                           workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "done.json"))
-    if c["train_val"]:   # the val tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on
+    if c["train_val"]:   # the val tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
+                         # before the training rows, whose done.json (= the stage's) comes last
         cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "val_tasks.jsonl"), "--out", rel(d / "val_sft"),
                          *opts(n=c["sft_tries"], rounds=0, fail_fraction=0, level=c["teacher_level"], seed=c["seed"],
                                workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "val_sft" / "done.json"))
+    cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
+                     *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
+                           workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "done.json"))
     return cmds
 
 
