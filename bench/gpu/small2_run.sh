@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 21's run (the `small` profile, stimulus mode, 1000 real + 369 synthetic designs, validation during
+# training) on one offline H200, spread over several device sessions of 30 minutes and calls of 10 minutes.
+# Every stage resumes from what its run folder holds, so a part cut short is simply called again.
+#
+# Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives):
+#   PART=setup   bash bench/gpu/small2_stage0.sh   carry .stage/g1 .stage/s1   wheels, .debs, GGUF part 1
+#   PART=stash   bash bench/gpu/small2_stage0.sh   carry .stage/g2             GGUF part 2
+#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3 .stage/run8 GGUF part 3, the run's data and
+#                                                  what earlier sessions shipped back (.stage/run8/ship*.part*)
+# Work:
+#   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
+#   PART=ship    bash bench/gpu/small2_run.sh      the run's state to $OUT as ship.tgz.part* (<= 15 MB each):
+#                                                  stage folders without training checkpoints (unless
+#                                                  SHIP_CKPT=1: RL/OPD resume across sessions) and without the
+#                                                  validated SFT adapters, which go to val.tgz.part*
+# .stage/run8 is made on the CPU box: s2st_run.tgz = runs/s2st/data (the data stage of
+# `chorus_mini.py run --profile small --set answer_mode=stimulus`, built in session 5, plus data/val_sft: the val
+# tasks' teacher rows, session 7) and dev_tasks.jsonl; a session's ship parts are copied there for the next one.
+set -u
+S=~/stage
+export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
+M=$S/smollm2.gguf
+R=runs/s2st
+SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus)
+
+mkdir -p $S/g1 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
+if [ "${PART:-}" = restore ]; then
+  [ -f $M ] || cat $S/g1/gguf.part* > $M
+  echo "gguf sha256 $(sha256sum $M | cut -c1-16)"
+  mkdir -p $S/runs
+  tar xzf .stage/run8/s2st_run.tgz -C $S/runs && cp .stage/run8/dev_tasks.jsonl $S/runs/
+  if ls .stage/run8/ship.tgz.part* >/dev/null 2>&1; then cat .stage/run8/ship.tgz.part* | tar xzf - -C $S/runs; fi
+  ls $S/runs/s2st
+  exit 0
+fi
+source bench/offline_setup.sh $S
+[ -e runs ] || ln -s $S/runs runs
+
+if [ "${PART:-}" = stage ]; then
+  # One process group, so a cut leaves nothing running; the stage resumes in the next call.
+  setsid python3 chorus_mini.py run --profile small --out $R --only ${STAGES:?STAGES=...} "${SETS[@]}" \
+      > $OUT/stage.log 2>&1 & P=$!
+  for i in $(seq ${T:-560}); do kill -0 $P 2>/dev/null || break; sleep 1; done
+  kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-560} s"; }
+  wait $P 2>/dev/null; echo "== rc $?"
+  tail -15 $OUT/stage.log | cut -c1-300
+  for s in $STAGES; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
+fi
+
+if [ "${PART:-}" = ship ]; then
+  # ship.tgz: what later stages need (the next session carries it back in .stage/run8; keep it small: the tracked
+  # tree plus the carried files of one call stay under 64 MiB); val.tgz: every validated SFT adapter, for the
+  # CPU box only (stopping-point choice, results/small2/). Training checkpoints only with SHIP_CKPT=1.
+  cd $S/runs
+  ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
+  [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
+  tar czf - "${ex[@]}" s2st | split -b 15000000 - $OUT/ship.tgz.part
+  find s2st -path '*/val_ckpt/*' -name 'adapter_*' | tar czf - -T - | split -b 15000000 - $OUT/val.tgz.part
+  ls -la $OUT
+fi
