@@ -89,14 +89,15 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     assert not any("val_sft" in a for c in cm.data_cmds(off, o, o / "m") for a in argv(c))
     on = cm.apply_overrides(cm.PROFILES["smoke"], ["train_val=true", "rl_val_every=7", "rl_stop_on_plateau=true"])
     sft = argv(cm.sft_cmd(on, o, "M", "data/stage0.jsonl"))
-    assert value(sft, "--val-data") == str(o / "data/val_sft/stage0.jsonl")
-    assert value(sft, "--val-tasks") == str(o / "data/val_tasks.jsonl") and "--val-every" not in sft   # each epoch
+    tasks = str(cm.rel(o / "data/val_tasks.jsonl"))            # paths as the stage commands write them
+    assert value(sft, "--val-data") == str(cm.rel(o / "data/val_sft/stage0.jsonl"))
+    assert value(sft, "--val-tasks") == tasks and "--val-every" not in sft   # each epoch
     for cmd in (cm.rl_cmd(on, o, "M", 1), cm.opd_cmd(on, o, "M", "opd_nogate")):
         a = argv(cmd)
         assert (value(a, "--val-tasks"), value(a, "--val-every"), value(a, "--val-patience")) == \
-            (str(o / "data/val_tasks.jsonl"), "7", "5") and "--stop-on-plateau" in a
+            (tasks, "7", "5") and "--stop-on-plateau" in a
     build = [argv(c) for c in cm.data_cmds(on, o, o / "m") if any("val_sft" in a for a in argv(c))]
-    assert len(build) == 1 and value(build[0], "--tasks") == str(o / "data/val_tasks.jsonl")
+    assert len(build) == 1 and value(build[0], "--tasks") == tasks
     assert value(build[0], "--rounds") == "0"
 
 
