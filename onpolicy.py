@@ -456,9 +456,9 @@ def _shared_prompt_hidden(decoder, rows, T, device):
             continue
         with _autocast(device):
             first = decoder(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True)
-        cache = getattr(first, "past_key_values", None)
-        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
-            return out
+        cache = getattr(first, "cache", None) or getattr(first, "past_key_values", None)   # (named cache after 5.17)
+        if cache is None or not hasattr(cache, "batch_repeat_interleave") or cache.get_seq_length() != len(prompt) - 1:
+            return out                                 # no cache of the whole prompt: the rows run alone
         cache.batch_repeat_interleave(len(idx))
         width = max(len(rows[i][1]) for i in idx)      # the group's own longest (its shapes: its rows alone)
         ids = torch.full((len(idx), width), prompt[-1], dtype=torch.long)
