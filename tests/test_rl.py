@@ -355,6 +355,26 @@ def test_rows_sharing_a_prompt_run_it_once_with_the_same_logps_and_gradients(tin
     assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(s_g, p_g))
 
 
+def test_shared_prompts_fall_back_under_gradient_checkpointing(tiny, monkeypatch):
+    """Training with gradient checkpointing turns transformers' KV cache off: the rows then run alone (one
+    decoder call over all rows) and give exactly the plain path's log-probs."""
+    model, tok = tiny
+    m = _lora(model)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.train()
+    rows = [SimpleNamespace(prompt_ids=list(range(5, 30)), completion_ids=list(range(40, 40 + k))) for k in (4, 9)]
+    calls = []
+    dec, _ = onpolicy._split_model(m)
+    handle = dec.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    monkeypatch.setattr(onpolicy, "SHARE_PROMPTS", True)
+    shared = per_token_logps(m, rows).logps
+    monkeypatch.setattr(onpolicy, "SHARE_PROMPTS", False)
+    plain = per_token_logps(m, rows).logps
+    handle.remove()
+    assert calls == [torch.Size([1, 24]), torch.Size([2, 34]), torch.Size([2, 34])]   # prompt pass, then alone
+    assert torch.equal(shared, plain)
+
+
 def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny):
     model, tok = tiny
     rows = _rows(tok) * 2
