@@ -135,6 +135,8 @@ def main():
                                     "tokens_per_s": round((res["prompt_tokens"] + res["completion_tokens"])
                                                           / statistics.median(times))}
         print(f"micro {micro:6d}: {statistics.median(times):.2f} s per update  {res['micro'][str(micro)]}")
+        if args.out:              # written after every variant: a run cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(res, indent=1))
     if args.profile:
         acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                          if device.type == "cuda" else [])
