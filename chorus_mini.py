@@ -149,6 +149,8 @@ PROFILES = {
                                    # OUT/best/adapter; the plateau is reported (issue 21's stopping points)
         "train_val_n": 1,          # samples per val task in those validations (direct answers, fixed seed)
         "sft_val_every": None,     # optimizer steps between SFT validations (None: each epoch's end)
+        "sft_pick": "last",        # the adapter an SFT stage hands on (next stage, its RL expert, stage-2 data, eval):
+                                   # last = the final one; best = its best validated step (train_val; result.json)
         "rl_val_every": 10,        # RL/OPD steps between validations
         "rl_val_patience": 5,      # validations without a gain > 0.005 in val/reward that make a plateau
         "rl_stop_on_plateau": False,  # end an RL/OPD run at its plateau (its steps are then a maximum)
@@ -552,7 +554,7 @@ def data2_cmd(c, o, model):
     return Cmd(["python", "data/build_sft.py", "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / "data2"),
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                       workers=c["sim_workers"], quant=c["quant"], answer_mode=c["answer_mode"], stage2_model=model,
-                      stage2_adapter=rel(o / "sft1/adapter"), stage2_n=c["stage2_n"],
+                      stage2_adapter=rel(sft_adapter(c, o, "sft1")), stage2_n=c["stage2_n"],
                       stage2_max_new_tokens=c["max_new_tokens"])])
 
 
@@ -564,9 +566,22 @@ def launch(c, script):
             "--mixed_precision", "no", "--dynamo_backend", "no", script]
 
 
+def sft_adapter(c, o, name):
+    """The adapter SFT stage `name` hands on: its final one, or with sft_pick 'best' the validated step its
+    result.json names best (sft.py --val-*). Read when a later stage starts, after this one finished."""
+    folder = o / name
+    if c["sft_pick"] not in ("last", "best"):
+        raise SystemExit(f"chorus_mini.py: sft_pick must be 'last' or 'best', not {c['sft_pick']!r}")
+    if c["sft_pick"] == "best":
+        best = ((read_json(folder / "result.json") or {}).get("outcome") or {}).get("val_best_adapter")
+        if best:
+            return folder / best
+    return folder / "adapter"
+
+
 def sft_cmd(c, o, model, data, init=None, name="sft0"):
     return Cmd([*launch(c, "sft.py"), "--data", rel(o / data), "--out", rel(o / name),
-                *opts(model=model, quant=c["quant"], init_adapter=init and rel(o / init / "adapter"),
+                *opts(model=model, quant=c["quant"], init_adapter=init and rel(sft_adapter(c, o, init)),
                       lora_r=c["lora_r"], epochs=c["sft_epochs"], lr=c["sft_lr"], batch_size=c["sft_batch_size"],
                       grad_accum=c["sft_grad_accum"], max_len=c["sft_max_len"], limit=c["sft_limit"],
                       seed=c["seed"], gradient_checkpointing=c["grad_ckpt"]), *sft_val_opts(c, o), "--resume"])
@@ -596,7 +611,7 @@ def common_train_opts(c, o):
 
 
 def rl_cmd(c, o, model, k):
-    return Cmd([*launch(c, "rl.py"), "--adapter", rel(o / f"sft{k}/adapter"), "--tasks", rel(o / "data/train_tasks.jsonl"),
+    return Cmd([*launch(c, "rl.py"), "--adapter", rel(sft_adapter(c, o, f"sft{k}")), "--tasks", rel(o / "data/train_tasks.jsonl"),
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
@@ -639,9 +654,9 @@ def opd_cmd(c, o, model, variant):
                 *OPD_VARIANTS[variant], *common_train_opts(c, o)])
 
 
-def model_adapters(o):
-    """Every evaluated model: name -> adapter folder (None = the base model)."""
-    return {"base": None, **{f"sft{k}": o / f"sft{k}/adapter" for k in range(3)},
+def model_adapters(o, c=None):
+    """Every evaluated model: name -> adapter folder (None = the base model); c: the SFT stages' sft_pick."""
+    return {"base": None, **{f"sft{k}": sft_adapter(c, o, f"sft{k}") if c else o / f"sft{k}/adapter" for k in range(3)},
             **{f"rl{k}": o / f"rl{k}/adapter" for k in range(3)},
             **{m: o / "merge" / m for m in MERGES}, **{v: o / v / "adapter" for v in OPD_VARIANTS}}
 
@@ -696,12 +711,12 @@ def cmd_run(args):
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
     needs = sorted({MODEL_STAGE[m] for m in wanted})
-    run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o)[m], eval_tasks, o / "eval" / m, c["eval_n"],
+    run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o, c)[m], eval_tasks, o / "eval" / m, c["eval_n"],
                                      c["eval_rounds"]) for m in wanted], needs=needs, partial=subset)
     syn = []                    # the held-out synthetic test designs of the data stage
     if c["test_tasks"] > 0:
         syn_tasks = o / "data" / "test_tasks.jsonl"
-        syn = [eval_cmd(c, o, model, model_adapters(o)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
+        syn = [eval_cmd(c, o, model, model_adapters(o, c)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
                          c["test_rounds"]) for m in wanted]
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
     if subset:

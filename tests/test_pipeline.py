@@ -101,6 +101,31 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     assert value(build[0], "--rounds") == "0"
 
 
+def test_sft_pick_best_hands_on_the_best_validated_adapter(tmp_path):
+    """sft_pick=best: the next SFT stage, the stage's RL expert, the stage-2 data and the eval take the adapter
+    its result.json names best; 'last' (the default), or a stage without validation, the final adapter/."""
+    o = tmp_path
+
+    def value(cmd, flag):
+        a = [str(x) for x in cmd.argv]
+        return a[a.index(flag) + 1]
+    for k in (0, 1):
+        (o / f"sft{k}").mkdir()
+    (o / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000004/adapter"}}))
+    (o / "sft1/result.json").write_text(json.dumps({"outcome": {"finished": True}}))          # no validation
+    best = cm.apply_overrides(cm.PROFILES["smoke"], ["sft_pick=best"])
+    last = cm.PROFILES["smoke"]
+    assert value(cm.rl_cmd(best, o, "M", 0), "--adapter") == str(cm.rel(o / "sft0/val_ckpt/step_000004/adapter"))
+    assert value(cm.sft_cmd(best, o, "M", "d.jsonl", init="sft0", name="sft1"), "--init-adapter") == \
+        str(cm.rel(o / "sft0/val_ckpt/step_000004/adapter"))
+    assert value(cm.rl_cmd(best, o, "M", 1), "--adapter") == str(cm.rel(o / "sft1/adapter"))
+    assert value(cm.data2_cmd(best, o, "M"), "--stage2-adapter") == str(cm.rel(o / "sft1/adapter"))
+    assert cm.model_adapters(o, best)["sft0"] == o / "sft0/val_ckpt/step_000004/adapter"
+    assert value(cm.rl_cmd(last, o, "M", 0), "--adapter") == str(cm.rel(o / "sft0/adapter"))
+    with pytest.raises(SystemExit, match="sft_pick"):
+        cm.rl_cmd(cm.apply_overrides(cm.PROFILES["smoke"], ["sft_pick=bst"]), o, "M", 0)
+
+
 def test_execute_tees_output_and_reports_failure(tmp_path):
     log = tmp_path / "stdout.log"
     code, rss, gpu = cm.execute(cm.Cmd(["python", "data/designs.py", "--list"]), log)
