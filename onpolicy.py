@@ -451,6 +451,8 @@ def _shared_prompt_hidden(decoder, rows, T, device):
         if len(p) >= 2:
             groups.setdefault(tuple(p), []).append(i)
     out = {}
+    # transformers renamed the forward's past_key_values to cache after 5.17
+    cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     for prompt, idx in groups.items():
         if len(idx) < 2:
             continue
@@ -465,9 +467,8 @@ def _shared_prompt_hidden(decoder, rows, T, device):
         for k, i in enumerate(idx):
             c = list(rows[i][1])
             ids[k, 1:len(c)] = torch.tensor(c[:-1], dtype=torch.long)
-        kw = {"cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values": cache}
-        with _autocast(device):       # (transformers renamed past_key_values to cache after 5.17)
-            h = decoder(input_ids=ids.to(device), use_cache=True, **kw).last_hidden_state
+        with _autocast(device):
+            h = decoder(input_ids=ids.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
         h = torch.nn.functional.pad(h, (0, 0, 0, T - width))          # to the batch's T (masked positions)
         for k, i in enumerate(idx):
             out[i] = h[k]
@@ -481,9 +482,9 @@ def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_toke
     rows: objects with .prompt_ids and .completion_ids (or (prompt_ids, completion_ids) pairs).
     The decoder runs once over the rows (rows sharing a prompt: the prompt once, see SHARE_PROMPTS); then
     for chunks of `chunk_tokens` completion positions the lm_head logits are built, divided by the
-    sampling temperature, and reduced to logit[token] - logsumexp(logits). Each chunk runs under activation checkpointing when grads
-    are on, so at most one chunk of (chunk_tokens, V) fp32 logits exists at a time, forward or
-    backward. Gradients flow when torch.is_grad_enabled().
+    sampling temperature, and reduced to logit[token] - logsumexp(logits). Each chunk runs under
+    activation checkpointing when grads are on, so at most one chunk of (chunk_tokens, V) fp32 logits
+    exists at a time, forward or backward. Gradients flow when torch.is_grad_enabled().
     entropy: also return the per-token entropy (cheap: the chunk's softmax is already there).
     topk: also return the K most likely ids and their log-probs (distillation's top-K support).
     gather_ids (B, T, K): return log-probs at these ids instead (score a teacher on the student's
@@ -770,10 +771,12 @@ def keep_rng():
     rank of a multi-process run."""
     py, npst = random.getstate(), np.random.get_state()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        yield
-    random.setstate(py)
-    np.random.set_state(npst)
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:                       # also when the block raises (the run may catch it and go on)
+        random.setstate(py)
+        np.random.set_state(npst)
 
 
 def check_best(out, log):
