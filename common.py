@@ -145,6 +145,13 @@ def train_mode(model):
         model.train(was)
 
 
+def nonfinite_grads(model, limit=3):
+    """Names of the first `limit` trainable parameters whose gradient holds inf or NaN, and how many there are
+    (logged when a step is skipped as non-finite, to say where the overflow is)."""
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    return {"count": len(bad), "first": bad[:limit]}
+
+
 def reset_peak():
     """Reset torch's CUDA peak counters (to measure one piece of work) without losing the process's peak:
     gpu_peak() still reports the maximum over the whole process."""

@@ -450,10 +450,13 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
                                               tokens_per_micro)
         dist.sync_grads(trainable)            # sum over the ranks: the loss already divides by the global count
         step_loss = dist.all_sum(step_loss)
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm).item()
+        total_norm = torch.nn.utils.get_total_norm([p.grad for p in trainable if p.grad is not None])
+        grad_norm = total_norm.item()
         lr_now = scheduler.get_last_lr()[0]
         finite = math.isfinite(grad_norm)
+        bad = None if finite else common.nonfinite_grads(model)   # before clipping spreads the NaN to every grad
         if finite:
+            torch.nn.utils.clip_grads_with_norm_(trainable, max_grad_norm, total_norm)
             optimizer.step()
         # else: a non-finite gradient (bf16 overflow) would write NaN into the adapter and every later stage;
         # the step is skipped (no update; the schedule moves on), as mixed-precision loss scaling does
@@ -464,6 +467,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         rec = {"step": step, "epoch": epoch, "loss": round(step_loss, 6), "lr": lr_now,
                "grad_norm": round(grad_norm, 4) if finite else None, "target_tokens": n_tokens,
                "micro_batches": n_pieces, "skipped_nonfinite": int(not finite), "elapsed_s": round(time.time() - t0, 2)}
+        if bad:
+            rec["nonfinite_params"] = bad
         rundir.append_log(log_path, rec)
         if bar:
             bar.update(1)

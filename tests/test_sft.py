@@ -152,6 +152,8 @@ def test_a_nonfinite_gradient_skips_the_update(rows, tmp_path, monkeypatch):
     log = [json.loads(line) for line in (tmp_path / "s" / "log.jsonl").read_text().splitlines()]
     assert [r["skipped_nonfinite"] for r in log] == [0, 1, 1, 0]
     assert [r["grad_norm"] is None for r in log] == [False, True, True, False]
+    first = next(n for n, p in res["model"].named_parameters() if p.requires_grad)
+    assert log[1]["nonfinite_params"] == {"count": 1, "first": [first]} and "nonfinite_params" not in log[0]
     assert res["outcome"]["skipped_nonfinite_steps"] == 2 and res["outcome"]["finished"]
     assert all(torch.isfinite(p).all() for p in res["model"].parameters())
     lora_b = [p for n, p in res["model"].named_parameters() if "lora_B" in n]
