@@ -197,6 +197,9 @@ def render_markdown(result):
     for name, p in result["profiles"].items():
         L += [f"### profile `{name}`: {p['model_note']}", "",
               f"`--set {' '.join(p['sets'])}`", "",
+              *([f"measured by an earlier command: `{run['command']}`, commit {(run.get('git') or {}).get('commit')}, "
+                 f"{run.get('started_at')}", ""] if (run := p.get("run")) and run.get("command") != result["command"]
+                else []),
               f"{'all stages done' if p['all_done'] else 'NOT all stages done'}; {p['seconds_total']} s in stages, "
               f"max peak reserved {p['max_peak_reserved_gib']} GiB"
               + ("" if p.get("fits_cap") is None else f" ({'fits' if p['fits_cap'] else 'over'} the cap)")
@@ -336,7 +339,10 @@ def main(argv=None):
                   "processes (merge, val, eval) reports the largest peak among them"]}
     previous = common_read(args.json) or {}
     if previous.get("bench") == "bench_pipeline_cap":     # another command's profiles stay (one JSON for all)
-        result["profiles"].update({k: v for k, v in previous.get("profiles", {}).items() if k not in profiles})
+        kept = {k: v for k, v in previous.get("profiles", {}).items() if k not in profiles}
+        for v in kept.values():    # the command, commit and time that measured a kept profile stay with it
+            v.setdefault("run", {k: previous.get(k) for k in ("command", "started_at", "git", "env")})
+        result["profiles"].update(kept)
     code = 0
     if args.parallel and len(profiles) > 1:
         result["notes"].append("--parallel: the profiles ran side by side on one GPU and its CPUs, so each "
@@ -367,6 +373,9 @@ def main(argv=None):
         code = max(code, finish_profile(result, args, out, stages, hw, t_start, *pending.pop()))
     for item in pending:       # --parallel: wait for each
         code = max(code, finish_profile(result, args, out, stages, hw, t_start, *item))
+    for profile in profiles:
+        if profile in result["profiles"]:
+            result["profiles"][profile]["run"] = {k: result[k] for k in ("command", "started_at", "git", "env")}
     result["wall_s"] = round(time.time() - t_start, 1)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"[capbench] wrote {args.json}\n")

@@ -131,6 +131,11 @@ def test_cpu_smoke_writes_every_stage_with_seconds_and_peak_fields(tmp_path):
     """The data stage alone on CPU (~20 s): the JSON lists every stage, the one that ran with its seconds
     and null peaks (no CUDA), the rest as missing; --render prints its table."""
     out = tmp_path / "json" / "cap.json"
+    out.parent.mkdir()           # an earlier command's profile: kept, with the command that measured it
+    out.write_text(json.dumps({"bench": "bench_pipeline_cap", "command": "earlier", "git": {"commit": "abc"},
+                               "started_at": "t", "profiles": {"small": {
+                                   "model_note": "m", "sets": [], "all_done": True, "seconds_total": 1.0,
+                                   "max_peak_reserved_gib": 2.0, "stages": {}}}}))
     r = subprocess.run([sys.executable, "bench/bench_pipeline_cap.py", "--cpu-smoke", "--stages", "data",
                         "--out", str(tmp_path / "runs"), "--json", str(out)], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
@@ -144,6 +149,9 @@ def test_cpu_smoke_writes_every_stage_with_seconds_and_peak_fields(tmp_path):
     assert p["stages"]["data"]["status"] == "done" and p["stages"]["data"]["seconds"] > 0
     assert p["stages"]["data"]["peak_reserved_gib"] is None and res["hardware"]["gpu"] is None
     assert p["stages"]["sft0"]["status"] == "missing" and p["exit_code"] == 0
+    assert p["run"]["command"] == res["command"] != "earlier"
+    assert res["profiles"]["small"]["run"]["command"] == "earlier" and res["profiles"]["small"]["run"]["git"] == {"commit": "abc"}
     md = subprocess.run([sys.executable, "bench/bench_pipeline_cap.py", "--render", str(out)], cwd=ROOT,
                         capture_output=True, text=True, timeout=60).stdout
     assert "| data | done |" in md and "CPU smoke run" in md
+    assert "measured by an earlier command: `earlier`, commit abc" in md

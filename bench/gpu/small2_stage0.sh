@@ -9,6 +9,7 @@
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
+#              (PROFILES=4b: that profile only; SKIP_DECODE=1 leaves part b's decode profiles out)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
 # timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b ran in session 6 from the committed adapters.
@@ -85,7 +86,7 @@ if [ "${PART:-}" = b ]; then
   done
   # The decode step at RL's batch (64 rows) with a short and an RL-long prompt: how much of it grows with
   # the KV cache (what a shared-prefix attention could save) and how much is the per-step fixed cost.
-  for n in 0 4500; do          # 0: the default 565-token prompt
+  [ -n "${SKIP_DECODE:-}" ] || for n in 0 4500; do          # 0: the default 565-token prompt
     TAIL=2 step profile_decode_$n 70 python3 bench/profile_decode.py --model $M --batch 64 --new-tokens 256 \
         --prompt-tokens $n --out $OUT/profile_decode_b64_p$n.json
   done
@@ -94,7 +95,9 @@ if [ "${PART:-}" = cap ]; then
   # Every stage of the 4b (random Qwen3-4B-shaped model, nf4) and small profiles under a 24 GiB cap (issue 19).
   # A process group of its own, so a cut call leaves no stage running; then one quick pass collects the JSON
   # (CAP_S + the 60 s pass + setup must stay under the call's 600 s: session 6 set CAP_S=560 and lost the pass).
-  CB=(python3 bench/bench_pipeline_cap.py --profiles 4b small --model-small $M --eval-tasks runs/dev_tasks.jsonl
+  # PROFILES=4b re-runs one profile; the committed JSON's other profile is kept (with the command that measured it)
+  [ "${PROFILES:-4b small}" = "4b small" ] || cp results/bench_4b_pipeline.json $OUT/
+  CB=(python3 bench/bench_pipeline_cap.py --profiles ${PROFILES:-4b small} --model-small $M --eval-tasks runs/dev_tasks.jsonl
       --out runs/capbench --json $OUT/bench_4b_pipeline.json --sim-workers 7)
   CHORUS_GPU_CAP_GIB=24 setsid "${CB[@]}" --parallel > $OUT/capbench.log 2>&1 & P=$!
   for i in $(seq ${CAP_S:-480}); do kill -0 $P 2>/dev/null || break; sleep 1; done
