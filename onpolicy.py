@@ -434,10 +434,13 @@ class TokenLogps:
 # Rows that share a prompt (RL's G samples of one prompt) run the prompt once: its keys and values are repeated
 # for the group's rows, and only their completions run on top. Under causal attention this gives the same hidden
 # states and gradients up to float rounding (tests); the update's tokens shrink from G x (prompt + completion) to
-# prompt + G x completion, and prompts are most of them (2-7k tokens against <= 1280). None = on CUDA only: which
-# rows share a pass depends on how the rows are split (micro-batches, processes), so the rounding does too, and
-# the CPU runs keep the one-pass path that the multi-process tests compare bit-for-bit at fp32.
-SHARE_PROMPTS = None
+# prompt + G x completion, and prompts are most of them (2-7k tokens against <= 1280). OFF by default (None = on
+# CUDA only, True = always): on the H200 it made an update slower, not faster (8.91 s against 2.11 s for 56 rows,
+# 143k prompt + 37k completion tokens, bench/profile_train_step.py; RL's t_train 14.1 s against 2.6 s,
+# results/rl_throughput.md): the completions attend to a repeated cache through a masked kernel, and the one-pass
+# path is one causal flash call. It halves a CPU update of the tiny model. Which rows share a pass depends on how the
+# rows are split (micro-batches, processes), so the rounding does too.
+SHARE_PROMPTS = False
 
 
 def _shared_prompt_hidden(decoder, rows, T, device):

@@ -9,7 +9,8 @@
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
-#              (PROFILES=4b: that profile only; SKIP_DECODE=1 leaves part b's decode profiles out)
+#              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
+#   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~2 min)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
 # timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b ran in session 6 from the committed adapters.
@@ -76,6 +77,7 @@ if [ "${PART:-}" = b ]; then
     cp runs/$r/rl0/log.jsonl $OUT/rl_${mode}_log.jsonl
   done
   for m in testbench:s2tb:220 stimulus:s2st:220; do IFS=: read mode r t <<< "$m"; [[ "${MODES:-testbench stimulus}" == *$mode* ]] || continue
+    [ -z "${SKIP_OPD:-}" ] || continue
     TAIL=3 step opd_$mode $t python3 distill.py --model $M --student runs/$r/sft0/adapter \
         --teachers $(ls -d runs/$r/rl0/adapter runs/$r/rl0/ckpt/step_*/adapter 2>/dev/null | head -2) \
         --tasks runs/$r/data/train_tasks.jsonl \
@@ -104,5 +106,15 @@ if [ "${PART:-}" = cap ]; then
   kill -9 -- -$P 2>/dev/null; pkill -9 -f '(chorus_mini|sft|rl|distill|evaluate|merge|build_sft)\.py' 2>/dev/null
   CHORUS_GPU_CAP_GIB=24 timeout 60 "${CB[@]}" --stages data > $OUT/capbench_collect.log 2>&1
   tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
+  for k in 0 1 2; do cp runs/capbench/4b/sft$k/log.jsonl $OUT/4b_sft${k}_log.jsonl 2>/dev/null; done
+fi
+if [ "${PART:-}" = grad ]; then
+  # Which kernel makes the 4b SFT gradient non-finite (session 8: every 4b SFT step skipped, loss finite):
+  # one forward + backward per attention kernel, checkpointing on and off, on the capbench's random 4B folder
+  F=runs/capbench/qwen3_4b_random
+  [ -f $F/config.json ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import bench_pipeline_cap as b; \
+      print(b.build_qwen3_4b('$F', b.small_model_folder('$M')))"
+  TAIL=14 step grad_check 200 python3 bench/grad_check.py --model $F --quant 4bit --data runs/s2st/data/stage0.jsonl \
+      --rows 1 --max-len 2048 --out $OUT/grad_check_4b.json
 fi
 ls -la $OUT
