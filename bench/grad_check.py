@@ -11,7 +11,8 @@ CPU check (tests/test_grad_check.py): --tiny, rows of its own.
 Variants: `default` (what sft.py runs: no attention mask, SDPA picks its kernel), `mask` (an attention mask:
 SDPA's masked kernel), `no_cudnn` (SDPA without the cuDNN kernel), `math` (SDPA's reference kernel),
 `eager` (transformers' own attention); each with gradient checkpointing on (`+gc`) and off. On CPU only
-the kernels CPU has run. The LoRA adapter is fresh (B = 0), as at sft0's first step, unless --adapter.
+the kernels CPU has run. On CUDA with a 4-bit base, `default_fp32base` also runs the default kernel with the
+norms and embeddings back in fp32 (the kit casts them to bf16 to fit 24 GB; peft leaves them fp32). The LoRA adapter is fresh (B = 0), as at sft0's first step, unless --adapter.
 """
 import argparse
 import contextlib
@@ -116,22 +117,31 @@ def main(argv=None):
     kernels = [k for k in args.kernels if device.type == "cuda" or k != "no_cudnn"]
     results = {}
     model.train()
-    for gc in (True, False):
+    # common._prepare_kbit casts a 4-bit model's norms and embeddings to bf16 on CUDA (peft leaves them fp32): the
+    # last variants undo that cast, with the default kernel (not on CPU or a model without a 4-bit base)
+    upcast = [p for p in model.parameters()
+              if not p.requires_grad and p.dtype == torch.bfloat16 and type(p).__name__ != "Params4bit"]
+    runs = [(k, gc, "") for gc in (True, False) for k in kernels]
+    if upcast and device.type == "cuda":
+        runs += [("default", gc, "_fp32base") for gc in (True, False)]
+    for kernel, gc, tag in runs:
+        if tag == "_fp32base" and upcast[0].dtype != torch.float32:
+            for p in upcast:
+                p.data = p.data.float()
         if gc:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_disable()
-        for kernel in kernels:
-            set_kernel(model, kernel)
-            name = kernel + ("+gc" if gc else "")
-            try:
-                results[name] = one_pass(model, batch, kernel, device, use_bf16)
-            except Exception as e:  # a kernel this device lacks: recorded, the next one runs
-                results[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-            r = results[name]
-            print(f"{name:14s} " + (r["error"] if "error" in r else
-                  f"loss {r['loss']:.4f}  grad norm {r['grad_norm']}  non-finite params {r['nonfinite_params']['count']}"
-                  + (f" (first {r['nonfinite_params']['first']})" if r["nonfinite_params"]["count"] else "")))
+        set_kernel(model, kernel)
+        name = kernel + tag + ("+gc" if gc else "")
+        try:
+            results[name] = one_pass(model, batch, kernel, device, use_bf16)
+        except Exception as e:  # a kernel this device lacks: recorded, the next one runs
+            results[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        r = results[name]
+        print(f"{name:14s} " + (r["error"] if "error" in r else
+              f"loss {r['loss']:.4f}  grad norm {r['grad_norm']}  non-finite params {r['nonfinite_params']['count']}"
+              + (f" (first {r['nonfinite_params']['first']})" if r["nonfinite_params"]["count"] else "")))
     out = {"bench": "grad_check", "command": "python " + " ".join(sys.argv), "git": common.git_info(),
            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
            "versions": {"torch": torch.__version__}, "model": "tiny" if args.tiny else args.model,

@@ -111,10 +111,22 @@ fi
 if [ "${PART:-}" = grad ]; then
   # Which kernel makes the 4b SFT gradient non-finite (session 8: every 4b SFT step skipped, loss finite):
   # one forward + backward per attention kernel, checkpointing on and off, on the capbench's random 4B folder
-  F=runs/capbench/qwen3_4b_random
-  [ -f $F/config.json ] || python3 -c "import sys; sys.path.insert(0, 'bench'); import bench_pipeline_cap as b; \
-      print(b.build_qwen3_4b('$F', b.small_model_folder('$M')))"
-  TAIL=14 step grad_check 200 python3 bench/grad_check.py --model $F --quant 4bit --data runs/s2st/data/stage0.jsonl \
-      --rows 1 --max-len 2048 --out $OUT/grad_check_4b.json
+  # (1) the random 4B folder and the 4b profile's data stage (the rows sft0 trained on), as the cap bench builds them
+  F=runs/capbench/qwen3_4b_random D=runs/capbench/4b/data
+  [ -f $D/stage0.jsonl ] || TAIL=2 step grad_data 120 python3 bench/bench_pipeline_cap.py --profiles 4b --model-small $M \
+      --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json $OUT/grad_data.json --sim-workers 7 --stages data
+  # (2) one forward + backward per attention kernel, checkpointing on and off, in a fresh process
+  TAIL=14 step grad_check 150 python3 bench/grad_check.py --model $F --quant 4bit --data $D/stage0.jsonl \
+      --rows 1 --out $OUT/grad_check_4b.json
+  # (3) sft0's own command (as chorus_mini runs it), then without validation and without the memory probe
+  S0=(python3 sft.py --data $D/stage0.jsonl --model $F --quant 4bit --lora-r 16 --epochs 1 --lr 0.0001 --batch-size 1
+      --grad-accum 24 --max-len 4096 --limit 4 --seed 42 --gradient-checkpointing)
+  V=(--val-data $D/val_sft/stage0.jsonl --val-tasks $D/val_tasks.jsonl --val-n 1 --val-max-new-tokens 64
+     --answer-mode testbench --target-mode icarus --sim-workers 7 --gen-batch-size 16)
+  step sft_as_run 100 "${S0[@]}" --out runs/grad/as_run "${V[@]}"
+  step sft_noval 100 "${S0[@]}" --out runs/grad/noval
+  step sft_noval_noprobe 100 "${S0[@]}" --out runs/grad/noval_noprobe --max-tokens-per-micro 16384
+  for r in as_run noval noval_noprobe; do cp runs/grad/$r/log.jsonl $OUT/grad_sft_$r.jsonl 2>/dev/null; done
+  tail -n 3 $OUT/grad_sft_*.jsonl | cut -c1-400
 fi
 ls -la $OUT
