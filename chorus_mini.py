@@ -896,6 +896,16 @@ def report(out):
     merges = {m: outcome_of(o / "merge" / m) for m in MERGES}
     L += ["Merges (" + (c.get("merge_space") or "?") + " space): " + ", ".join(
         f"{m} SVD rel. error {rep.get('svd_rel_error_mean', '?')}" for m, rep in merges.items() if rep) + ".", ""]
+    claims = {}      # the paper's four claims with paired bootstrap verdicts (evaluate.claims), where the models exist
+    for sub, title in (("eval", "eval tasks"), ("eval_syn", "held-out synthetic families")):
+        if (o / sub).is_dir():
+            with contextlib.suppress(SystemExit):
+                cl = evaluate.claims(o / sub, seed=c.get("seed") or 0)
+                if cl["claims"]:
+                    claims[sub] = cl
+                    L += [f"## The paper's four claims ({title})", "", *evaluate.claims_markdown(cl), ""]
+    if claims:
+        (r / "claims.json").write_text(json.dumps(claims, indent=1))
     L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     L += ["## Stages", "", "| stage | time (s) | peak RSS (MiB) | GPU peak (MiB)¹ | outcome |", "|---|---|---|---|---|"]
     for s, d in stages.items():
@@ -929,7 +939,7 @@ def report(out):
     (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "table_syn": table_syn,
                                                "oracle_syn": experts_syn and experts_syn["oracle"], "paper": PAPER,
                                                "oracle": experts and experts["oracle"], "stages": stages,
-                                               "plots": plots, "smoke": smoke}, indent=1))
+                                               "claims": claims, "plots": plots, "smoke": smoke}, indent=1))
     print(f"report: {r / 'report.md'}")
 
 

@@ -3,6 +3,7 @@ everyday `generate` command. Every later stage reports its numbers through this 
 
     python evaluate.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
     python evaluate.py compare DIR1 DIR2 ... --out DIR
+    python evaluate.py claims EVAL_DIR [--out claims.json]      # (a)-(d) of the paper, with verdicts
     python evaluate.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
 (`python chorus_mini.py eval|compare|generate ...` are the same commands.)
 
@@ -483,6 +484,146 @@ def compare(result_dirs, out_dir=None, mode=None):
     return result
 
 
+# ---------------------------------------------------------------------------------------------------
+# claims: the paper's four claims, each a paired bootstrap over tasks with a verdict
+
+CLAIM_MODELS = {"sft": ("sft0", "sft1", "sft2"), "experts": ("rl0", "rl1", "rl2")}
+
+
+def paired_bootstrap(per_task, stat, *, seed=0, n_boot=2000, level=0.95):
+    """(point, [lo, hi]) of stat(per_task), per_task a (tasks, models) array and stat a function of such an
+    array (it also gets a batch of them, shape (n_boot, tasks, models)). The interval resamples tasks, the
+    same tasks for every model (paired); percentile method."""
+    x = np.asarray(per_task, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    lo, hi = np.percentile(stat(x[idx]), [50 * (1 - level), 50 * (1 + level)])
+    return {"point": float(stat(x)), "ci95": [float(lo), float(hi)]}
+
+
+def gap(a):
+    """The largest gap between the models' means: how far apart the checkpoints are."""
+    means = a.mean(axis=-2)
+    return means.max(axis=-1) - means.min(axis=-1)
+
+
+def verdict(ci, margin=0.0):
+    """'holds' when the whole interval is above -margin (margin 0: above 0, a difference claimed positive;
+    margin > 0: non-inferiority); 'does not hold' when it is wholly below 0 (for margin 0: not above 0
+    anywhere, e.g. [0, 0]: no difference at all); else 'inconclusive'."""
+    if ci[0] > -margin:
+        return "holds"
+    return "does not hold" if ci[1] < 0 or (margin == 0 and ci[1] <= 0) else "inconclusive"
+
+
+def both(verdicts):
+    """A claim made of two parts holds when both do, fails when either fails."""
+    return "holds" if all(v == "holds" for v in verdicts) else \
+        "does not hold" if "does not hold" in verdicts else "inconclusive"
+
+
+def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
+    """The paper's four claims (docs/method.md §2.4) on one eval folder (a subfolder per model, each with
+    metrics.json), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean), over the tasks every model has:
+    (a) the SFT checkpoints differ (the largest gap between sft0-2's means > 0) and identical RL brings them
+        closer (that gap minus the experts' gap > 0);
+    (b) the experts are complementary: the oracle union (per task, the best expert's score) above the best expert;
+    (c) the soup at least matches the best expert: soup - best expert above -margin (non-inferiority);
+    (d) gated OPD beats the soup and always-distill: both differences > 0.
+    Every statistic has a paired bootstrap interval over tasks, and a claim's verdict follows from it (verdict()).
+    The best expert has the highest mean on these tasks (chosen on the same tasks, as the paper does). The oracle
+    takes a per-task max of sampled rates, so sampling noise alone lifts it above every expert: the same statistic
+    for the SFT checkpoints is given beside it as a yardstick. Claims whose models are missing are listed under
+    `missing`."""
+    root = Path(eval_dir)
+    sft, experts = CLAIM_MODELS["sft"], CLAIM_MODELS["experts"]
+    metrics = {d.name: json.loads((d / "metrics.json").read_text()) for d in sorted(root.iterdir()) if root.is_dir()
+               and d.name in (*sft, *experts, "soup", "opd", "opd_nogate") and (d / "metrics.json").is_file()}
+    if mode is None:       # agentic when every model has it (eval runs without refinement rounds have direct only)
+        mode = "agentic" if metrics and all("agentic" in m for m in metrics.values()) else "direct"
+    tables = {name: m[mode]["per_task"] for name, m in metrics.items() if mode in m}
+    names = [n for n in (*sft, *experts, "soup", "opd", "opd_nogate") if n in tables]
+    if not names:
+        raise SystemExit(f"claims: no sft0-2 / rl0-2 / soup / opd folder with {mode} metrics under {eval_dir}")
+    tasks = sorted(set.intersection(*(set(tables[n]) for n in names)))
+    if not tasks:
+        raise SystemExit(f"claims: the models under {eval_dir} share no task")
+    col = {n: np.array([tables[n][t][metric] for t in tasks], dtype=float) for n in names}
+    have = lambda *group: all(n in col for n in group)
+    stack = lambda *group: np.stack([col[n] for n in group], axis=1)
+    boot = lambda x, stat: paired_bootstrap(x, stat, seed=seed, n_boot=n_boot)
+    diff = lambda a: a[..., 0].mean(axis=-1) - a[..., 1].mean(axis=-1)
+    out = {"eval_dir": str(eval_dir), "mode": mode, "metric": metric, "tasks": len(tasks), "n_boot": n_boot,
+           "seed": seed, "margin": margin, "means": {n: float(col[n].mean()) for n in names}, "claims": {},
+           "missing": [k for k, ok in (("a", have(*sft, *experts)), ("b", have(*experts)),
+                                       ("c", have(*experts, "soup")), ("d", have("opd", "soup", "opd_nogate"))) if not ok]}
+    if have(*experts):
+        best = max(experts, key=lambda n: col[n].mean())
+        out["best_expert"] = best
+    if have(*sft, *experts):
+        sft_gap = boot(stack(*sft), gap)
+        shrink = boot(stack(*sft, *experts), lambda a: gap(a[..., :3]) - gap(a[..., 3:]))
+        sft_gap["verdict"], shrink["verdict"] = verdict(sft_gap["ci95"]), verdict(shrink["ci95"])
+        out["claims"]["a"] = {"claim": "the staged SFT checkpoints differ, and identical RL brings them closer",
+                              "sft_gap": sft_gap, "expert_gap": boot(stack(*experts), gap), "gap_shrink": shrink,
+                              "verdict": both([sft_gap["verdict"], shrink["verdict"]])}
+    if have(*experts):
+        j = experts.index(best)
+        oracle = boot(stack(*experts), lambda a: (a.max(axis=-1) - a[..., j]).mean(axis=-1))
+        out["claims"]["b"] = {"claim": "the experts are complementary: the oracle union is above the best expert",
+                              "oracle_minus_best": oracle, "verdict": verdict(oracle["ci95"])}
+        if have(*sft):
+            y = stack(*sft)
+            out["claims"]["b"]["sft_oracle_minus_best"] = float((y.max(axis=1) - y[:, y.mean(axis=0).argmax()]).mean())
+    if have(*experts, "soup"):
+        d = boot(stack("soup", best), diff)
+        out["claims"]["c"] = {"claim": f"the soup at least matches the best expert (margin {margin:g} points)",
+                              "soup_minus_best": d, "verdict": verdict(d["ci95"], margin)}
+    if have("opd", "soup", "opd_nogate"):
+        vs_soup, vs_nogate = boot(stack("opd", "soup"), diff), boot(stack("opd", "opd_nogate"), diff)
+        vs_soup["verdict"], vs_nogate["verdict"] = verdict(vs_soup["ci95"]), verdict(vs_nogate["ci95"])
+        out["claims"]["d"] = {"claim": "gated OPD beats the soup and always-distill", "opd_minus_soup": vs_soup,
+                              "opd_minus_nogate": vs_nogate, "verdict": both([vs_soup["verdict"], vs_nogate["verdict"]])}
+    return out
+
+
+def claims_markdown(c):
+    """The claims as a markdown table (points of the metric, 95 % paired bootstrap intervals over tasks)."""
+    unit = "Pass@1" if c["metric"] == "pass_rate" else "Cov@1"
+    f = lambda s: f"{s['point']:+.1f} [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}]"
+    rows = []
+    for key, stats in (("a", ("sft_gap", "expert_gap", "gap_shrink")), ("b", ("oracle_minus_best",)),
+                       ("c", ("soup_minus_best",)), ("d", ("opd_minus_soup", "opd_minus_nogate"))):
+        if key in c["claims"]:
+            r = c["claims"][key]
+            rows.append(f"| ({key}) {r['claim']} | " + "; ".join(f"{s} {f(r[s])}" for s in stats)
+                        + f" | **{r['verdict']}** |")
+    return [f"{c['mode']} {unit}, {c['tasks']} tasks, difference in points with its 95 % paired bootstrap interval "
+            f"over tasks ({c['n_boot']} resamples); best expert {c.get('best_expert', '-')}", "",
+            "| claim | statistic | verdict |", "|---|---|---|", *rows,
+            *([""] + [f"Not measured (models missing): {', '.join(c['missing'])}"] if c["missing"] else [])]
+
+
+def add_claims_args(p):
+    p.add_argument("eval_dir", help="folder with one eval folder per model (sft0..2, rl0..2, soup, opd, opd_nogate)")
+    p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    p.add_argument("--mode", choices=("agentic", "direct"), default=None,
+                   help="default: agentic when every model has it")
+    p.add_argument("--metric", choices=("pass_rate", "cov_mean"), default="pass_rate", help="Pass@1 or Cov@1")
+    p.add_argument("--margin", type=float, default=2.0, help="claim (c)'s non-inferiority margin, in points")
+    p.add_argument("--n-boot", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_claims(args):
+    c = claims(args.eval_dir, mode=args.mode, metric=args.metric, seed=args.seed, n_boot=args.n_boot,
+               margin=args.margin)
+    print("\n".join(claims_markdown(c)))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(c, indent=1))
+    return 0
+
+
 def _heatmap(pass_rate, cov_mean, tasks, names, path):
     import matplotlib          # optional heavy dependency: only when a plot is drawn
     matplotlib.use("Agg")
@@ -595,6 +736,7 @@ def cmd_generate(args):
 
 COMMANDS = {"eval": (add_eval_args, cmd_eval, "score a model on a task file"),
             "compare": (add_compare_args, cmd_compare, "compare several eval results"),
+            "claims": (add_claims_args, cmd_claims, "the paper's four claims with bootstrap verdicts"),
             "generate": (add_generate_args, cmd_generate, "best testbench for one design")}
 
 

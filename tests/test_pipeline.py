@@ -246,6 +246,9 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     assert rep["smoke"] and set(rep["table"]) >= {"base", "rl0", "oracle", "soup", "opd_rlfb"}
     assert set(rep["table_syn"]) >= {"base", "rl0", "oracle", "opd"} and "Held-out synthetic families" in md
     assert (out / "report" / "experts_heatmap.png").is_file() and (out / "report" / "rl0_curves.png").is_file()
+    claims = json.loads((out / "report" / "claims.json").read_text())      # the four claims, on both task sets
+    assert set(claims) == {"eval", "eval_syn"} and set(claims["eval"]["claims"]) == {"a", "b", "c", "d"}
+    assert rep["claims"] == claims and "## The paper's four claims (eval tasks)" in md
 
     # a second run finds every done.json and runs nothing
     EXECUTED.clear()
