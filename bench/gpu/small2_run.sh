@@ -10,6 +10,7 @@
 #                                                  what earlier sessions shipped back (.stage/run8/ship*.part*)
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
+#   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
 #   PART=ship    bash bench/gpu/small2_run.sh      the run's state to $OUT as ship.tgz.part* (<= 15 MB each):
 #                                                  stage folders without training checkpoints (unless
 #                                                  SHIP_CKPT=1: RL/OPD resume across sessions) and without the
@@ -22,7 +23,8 @@ S=~/stage
 export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
 M=$S/smollm2.gguf
 R=runs/s2st
-SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus)
+PROFILE=${PROFILE:-small}     # PROFILE=smoke (with EXTRA="--set model=tiny"): a CPU dry run of this script
+SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus ${EXTRA:-})
 
 mkdir -p $S/g1 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
 if [ "${PART:-}" = restore ]; then
@@ -39,12 +41,21 @@ source bench/offline_setup.sh $S
 
 if [ "${PART:-}" = stage ]; then
   # One process group, so a cut leaves nothing running; the stage resumes in the next call.
-  setsid python3 chorus_mini.py run --profile small --out $R --only ${STAGES:?STAGES=...} "${SETS[@]}" \
-      > $OUT/stage.log 2>&1 & P=$!
+  # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
+  # model leaves an H200 mostly idle), the simulator workers split between them; logs $OUT/stage_NAME.log.
+  : "${STAGES:?STAGES=...}"
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    n=$(echo $STAGES | wc -w); w=$(( 14 / n > 2 ? 14 / n : 2 ))
+    setsid bash -c 'for s in '"$STAGES"'; do python3 chorus_mini.py run --profile '"$PROFILE"' --out '"$R"' --only $s \
+        "$@" --set sim_workers='"$w"' > '"$OUT"'/stage_$s.log 2>&1 & pids+=($!); done
+        rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc' _ "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
+  else
+    setsid python3 chorus_mini.py run --profile $PROFILE --out $R --only $STAGES "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
+  fi
   for i in $(seq ${T:-560}); do kill -0 $P 2>/dev/null || break; sleep 1; done
   kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-560} s"; }
   wait $P 2>/dev/null; echo "== rc $?"
-  tail -15 $OUT/stage.log | cut -c1-300
+  for f in $OUT/stage*.log; do echo "-- $f"; tail -${TAIL:-15} $f | cut -c1-300; done
   for s in $STAGES; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
 fi
 
