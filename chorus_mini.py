@@ -154,6 +154,11 @@ PROFILES = {
         "rl_val_every": 10,        # RL/OPD steps between validations
         "rl_val_patience": 5,      # validations without a gain > 0.005 in val/reward that make a plateau
         "rl_stop_on_plateau": False,  # end an RL/OPD run at its plateau (its steps are then a maximum)
+        "tune_source": "val",      # the tasks every choice is made on (validation during training, the OPD student,
+                                   # merge lambdas): val = data/val_tasks.jsonl; dev = the eval file's fixed tuning
+                                   # split (evaluate.split_tasks: 30 % of ids, never reported; <= eval_max_chars,
+                                   # at most tune_limit tasks) -> data/tuning_tasks.jsonl
+        "tune_limit": None,        # dev tuning tasks at most (None: all that fit)
         # validation and evaluation (evaluate.py)
         "val_n": 1,                # samples per validation task
         "val_rounds": 0,           # refinement rounds on validation (0 = direct)
@@ -222,6 +227,8 @@ PROFILES["small"] = {
     "opd_prompts": 8,          # authors' final script: 4
     "opd_group": 4,            # paper: 4
     "train_val": True,         # validation curves during SFT / RL / OPD (see the smoke profile's keys)
+    "tune_source": "dev",      # choices on the dev set's tuning split: in stimulus mode the val tasks are near their
+                               # ceiling (sft0: val Pass@1 92 %, dev 78 %), so they could not show a plateau
     "val_n": 2,
     "val_rounds": 1,
     "eval_n": 5,               # paper: 5
@@ -459,7 +466,8 @@ def count_lines(path):
 
 OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write no result.json themselves
     "data": lambda f: {"train_tasks": count_lines(f / "train_tasks.jsonl"), "val_tasks": count_lines(f / "val_tasks.jsonl"),
-                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"), "mix": read_json(f / "mix.json"),
+                       "eval_tasks": count_lines(f / "eval_tasks.jsonl"),
+                       "tuning_tasks": count_lines(f / "tuning_tasks.jsonl"), "mix": read_json(f / "mix.json"),
                        **outcome_of(f)},   # + build_sft.py's
     "merge": lambda f: {m: outcome_of(f / m) for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
@@ -501,6 +509,11 @@ def real_corpus(c):
     return sorted(folder.glob("*.jsonl.gz")) if folder and folder.is_dir() else []
 
 
+def tune_tasks(c, o):
+    """The task file choices are made on (tune_source): the dev tuning split when asked and an eval file exists."""
+    return o / "data" / ("tuning_tasks.jsonl" if c["tune_source"] == "dev" and eval_source(c) else "val_tasks.jsonl")
+
+
 def data_cmds(c, o, model_path):
     """Synthetic train/val designs, the eval subset, the held-out synthetic test designs, the real-design pool
     mixed into train/val (when the corpus is there), then the staged SFT rows of the training tasks."""
@@ -520,6 +533,12 @@ def data_cmds(c, o, model_path):
                 "--max-chars", c["eval_max_chars"], "--out", rel(d / "eval_tasks.jsonl")]
         cmds.append(Cmd(argv, done=d / "eval_tasks.jsonl",
                         fn=lambda: select_tasks(source, c["eval_limit"], c["eval_max_chars"], d / "eval_tasks.jsonl")))
+        if c["tune_source"] == "dev":
+            argv = ["python", "chorus_mini.py", "select-tasks", "--tasks", rel(source), "--split", "tuning",
+                    *opts(limit=c["tune_limit"]), "--max-chars", c["eval_max_chars"], "--out", rel(d / "tuning_tasks.jsonl")]
+            cmds.append(Cmd(argv, done=d / "tuning_tasks.jsonl",
+                            fn=lambda: select_tasks(source, c["tune_limit"], c["eval_max_chars"],
+                                                    d / "tuning_tasks.jsonl", split="tuning")))
     if c["test_tasks"] > 0:                 # held-out synthetic test designs: val families, a seed of their own
         cmds.append(Cmd(["python", "data/designs.py", "--split", "val", "--n", c["test_tasks"], "--seed",
                          c["seed"] + 1000, *opts(families=c["val_families"] or None), "--out", rel(d / "test_tasks.jsonl")],
@@ -539,7 +558,7 @@ def data_cmds(c, o, model_path):
         cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
     if c["train_val"]:   # the val tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
                          # before the training rows, whose done.json (= the stage's) comes last
-        cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "val_tasks.jsonl"), "--out", rel(d / "val_sft"),
+        cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(tune_tasks(c, o)), "--out", rel(d / "val_sft"),
                          *opts(n=c["sft_tries"], rounds=0, fail_fraction=0, level=c["teacher_level"], seed=c["seed"],
                                workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "val_sft" / "done.json"))
     cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
@@ -591,7 +610,7 @@ def sft_val_opts(c, o):
     """sft.py's validation (train_val): val/loss on the val tasks' teacher rows, val/syn_pass on the val tasks."""
     if not c["train_val"]:
         return []
-    return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(o / "data/val_tasks.jsonl"),
+    return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(tune_tasks(c, o)),
                 val_every=c["sft_val_every"], val_n=c["train_val_n"], val_max_new_tokens=c["max_new_tokens"],
                 answer_mode=c["answer_mode"], target_mode=c["target_mode"], sim_workers=c["sim_workers"],
                 gen_batch_size=c["gen_batch_size"])
@@ -605,7 +624,7 @@ def common_train_opts(c, o):
                   gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"], answer_mode=c["answer_mode"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
             *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])),
-            *(opts(val_tasks=rel(o / "data/val_tasks.jsonl"), val_every=c["rl_val_every"], val_n=c["train_val_n"],
+            *(opts(val_tasks=rel(tune_tasks(c, o)), val_every=c["rl_val_every"], val_n=c["train_val_n"],
                    val_patience=c["rl_val_patience"], stop_on_plateau=c["rl_stop_on_plateau"])
               if c["train_val"] else []), "--resume"]
 
@@ -706,7 +725,7 @@ def cmd_run(args):
     for k in range(3):
         run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
     run_stage(ctx, "merge", [merge_cmd(c, o, m) for m in MERGES])
-    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", o / "data/val_tasks.jsonl", o / f"val/rl{k}",
+    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", tune_tasks(c, o), o / f"val/rl{k}",
                                     c["val_n"], c["val_rounds"]) for k in range(3)])
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
@@ -758,17 +777,17 @@ def mix_tasks(d, real_val):
     return counts
 
 
-def select_tasks(path, limit, max_chars, out):
-    """The fixed reporting subset: tasks of evaluate's 'report' split with at most max_chars of RTL+spec,
-    ordered by sha256 of the id (independent of file order and seed), the first `limit`."""
-    tasks = evaluate.split_tasks(sim.load_tasks(path))[1]
+def select_tasks(path, limit, max_chars, out, split="report"):
+    """The fixed reporting subset: tasks of evaluate's 'report' split (or 'tuning') with at most max_chars of
+    RTL+spec, ordered by sha256 of the id (independent of file order and seed), the first `limit` (None: all)."""
+    tasks = evaluate.split_tasks(sim.load_tasks(path))[0 if split == "tuning" else 1]
     size = lambda t: sum(len(f["content"]) for f in (t.get("rtl_files") or []) + (t.get("spec_files") or []))
     fit = [t for t in tasks if size(t) <= max_chars]
     fit.sort(key=lambda t: hashlib.sha256(t["id"].encode()).hexdigest())
     chosen = fit[:limit]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("".join(json.dumps(t) + "\n" for t in chosen))
-    print(f"select-tasks: {len(chosen)} of {len(fit)} report-split tasks with <= {max_chars} chars "
+    print(f"select-tasks: {len(chosen)} of {len(fit)} {split}-split tasks with <= {max_chars} chars "
           f"({len(tasks)} in the split): {', '.join(t['id'] for t in chosen[:8])}{' ...' if len(chosen) > 8 else ''}")
 
 
@@ -961,8 +980,9 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="run folder")
     p = sub.add_parser("select-tasks", help="the fixed reporting subset of a task file")
     p.add_argument("--tasks", required=True)
-    p.add_argument("--limit", type=int, required=True)
+    p.add_argument("--limit", type=int, default=None, help="tasks at most (default: all that fit)")
     p.add_argument("--max-chars", type=int, required=True, help="RTL+spec characters at most")
+    p.add_argument("--split", choices=("report", "tuning"), default="report", help="evaluate.split_tasks's split")
     p.add_argument("--out", required=True)
     p = sub.add_parser("mix-tasks", help="mix the real-design pool into the synthetic train/val tasks (data stage)")
     p.add_argument("--data", required=True, help="the run's data folder (pool/pool.jsonl, syn_*_tasks.jsonl)")
@@ -977,7 +997,7 @@ def main(argv=None):
     if args.command == "report":
         return report(args.out) or 0
     if args.command == "select-tasks":
-        return select_tasks(args.tasks, args.limit, args.max_chars, args.out) or 0
+        return select_tasks(args.tasks, args.limit, args.max_chars, args.out, args.split) or 0
     if args.command == "mix-tasks":
         return mix_tasks(args.data, args.real_val) and 0
     if args.command == "tiny-model":

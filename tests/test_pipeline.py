@@ -99,6 +99,18 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     build = [argv(c) for c in cm.data_cmds(on, o, o / "m") if any("val_sft" in a for a in argv(c))]
     assert len(build) == 1 and value(build[0], "--tasks") == tasks
     assert value(build[0], "--rounds") == "0"
+    # tune_source=dev: every choice on the dev file's tuning split (selected by the data stage), not the val tasks
+    dev = cm.apply_overrides(on, ["tune_source=dev"])
+    (o / "dev.jsonl").write_text("")
+    dev["eval_tasks"] = str(o / "dev.jsonl")
+    tuning = str(cm.rel(o / "data/tuning_tasks.jsonl"))
+    for cmd in (cm.sft_cmd(dev, o, "M", "data/stage0.jsonl"), cm.rl_cmd(dev, o, "M", 1), cm.opd_cmd(dev, o, "M", "opd")):
+        assert value(argv(cmd), "--val-tasks") == tuning
+    data = [argv(c) for c in cm.data_cmds(dev, o, o / "m")]
+    select = [a for a in data if "select-tasks" in a and "--split" in a]
+    assert len(select) == 1 and value(select[0], "--split") == "tuning" and value(select[0], "--out") == tuning
+    assert value(next(a for a in data if any("val_sft" in x for x in a)), "--tasks") == tuning
+    assert data.index(select[0]) < next(i for i, a in enumerate(data) if any("val_sft" in x for x in a))
 
 
 def test_sft_pick_best_hands_on_the_best_validated_adapter(tmp_path):
@@ -302,3 +314,21 @@ def test_run_small_lanes_finish_the_pipeline(tmp_path):
         runs = re.findall(rf"^\$ python evaluate.py eval .*--out \S*/eval/{name} ", log, flags=re.M)
         assert len(runs) == 1, name                                        # each model evaluated once
     assert (out / "report" / "report.md").is_file()
+
+
+def test_select_tasks_tuning_and_report_splits_are_disjoint(tmp_path):
+    """select-tasks --split tuning takes evaluate's fixed tuning split (by id hash), all that fit without
+    --limit; the reporting subset never shares a task with it."""
+    import evaluate
+    rtl = "module m(input a, output b); assign b = a; endmodule"
+    tasks = [{"id": f"dev/{i}", "rtl_files": [{"name": "m.v", "content": rtl}], "dut_module_name": "m",
+              "dut_instance_name": "uut"} for i in range(60)]
+    src = tmp_path / "dev.jsonl"
+    src.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    assert cm.main(["select-tasks", "--tasks", str(src), "--split", "tuning", "--max-chars", "1000",
+                    "--out", str(tmp_path / "tune.jsonl")]) == 0
+    cm.select_tasks(src, 10, 1000, tmp_path / "report.jsonl")
+    tune = [json.loads(x)["id"] for x in (tmp_path / "tune.jsonl").read_text().splitlines()]
+    report = [json.loads(x)["id"] for x in (tmp_path / "report.jsonl").read_text().splitlines()]
+    expected = {t["id"] for t in tasks if evaluate.split_of(t["id"]) == "tuning"}
+    assert set(tune) == expected and 8 < len(tune) < 30 and len(report) == 10 and not set(tune) & set(report)
