@@ -22,14 +22,16 @@ Stages:
                its 'report' split ordered by an id hash; without ../shared the validation tasks), held-out
                synthetic test tasks, a seeded sample of real designs (data/design_pool.py on the shared
                corpus, decontaminated against the eval and test tasks) mixed into train and val
-               (mix-tasks; real_tasks / real_val_tasks), and the stage-0/1 SFT data (data/build_sft.py)
+               (mix-tasks; real_tasks / real_val_tasks), the tuning tasks every choice is made on (tune_source:
+               the val tasks, or the dev set's tuning split), and the stage-0/1 SFT data (data/build_sft.py)
    sft0        SFT stage 0 (sft.py) on direct teacher data
    sft1        SFT stage 1 from sft0, on stage-0 + refinement data
    data2       stage-2 SFT data: states from the sft1 model's own rollouts (build_sft.py --stage2-model)
    sft2        SFT stage 2 from sft1
    rl0-rl2     one RL expert per SFT stage (rl.py), same tasks, budget and hyperparameters
-   merge       soup / TIES / DARE-TIES / DELLA of the three experts (merge.py)
-   val         the three experts on the validation tasks (picks the OPD student)
+   merge       soup / TIES / DARE-TIES (sum and mean forms) / DELLA of the three experts (merge.py); with
+               merge_lams, each at several lambdas, the best on the tuning tasks kept (pick-merge)
+   val         the three experts on the tuning tasks (picks the OPD student)
    opd         reward-gated multi-teacher OPD (distill.py): student = best expert on val, teachers = others
    opd_nogate  ablation "always distill" (--no-gate), same budget
    opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget
@@ -41,8 +43,8 @@ Stages:
                on the eval tasks and on the synthetic test tasks
    report      OUT/report/: report.md, report.json and the plots
 
-Other subcommands: eval, compare, generate (the same as evaluate.py's); select-tasks and tiny-model (steps of
-`run`).
+Other subcommands: eval, compare, generate (the same as evaluate.py's); select-tasks, pick-merge and tiny-model
+(steps of `run`).
 """
 import argparse
 import ast
@@ -138,6 +140,8 @@ PROFILES = {
         "merge_device": "cpu",     # where merge.py works (the delta-space SVDs take ~30 s per merge on this CPU)
         "merge_rank": None,        # output rank (None = merge.py's default: sum of the experts' ranks)
         "merge_density": 0.5,      # kept fraction for TIES / DARE-TIES / DELLA (paper: not given)
+        "merge_lams": None,        # lambdas to try per method, the best on the tuning tasks kept (None: lambda 1)
+        "tune_n": 1,               # samples per tuning task when scoring merge candidates (direct answers)
         # OPD (distill.py), the same budget for the three variants
         "opd_steps": 1,            # optimizer updates (paper: 100, unverified)
         "opd_prompts": 1,          # prompts per step (authors' final script: 4)
@@ -216,6 +220,8 @@ PROFILES["small"] = {
     "rl_profile": "small",     # dynamic sampling on: a weak model makes many all-zero groups
     "merge_space": "delta",    # the methods as defined, on the real task vectors; the SVD error is reported
     "merge_device": "cuda",
+    "merge_lams": [0.5, 1.0, 1.5],  # issue 21: each merge's lambda chosen on the tuning split (15 candidates)
+    "tune_n": 2,
     "rl_steps": 20,            # 8 prompts x G 4 x 2 rounds = 64 rollouts per step
     "rl_prompts": 8,           # paper: 2; more prompts per generate call cost little on a GPU
     "rl_group": 4,             # paper: 4
@@ -277,9 +283,12 @@ NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2"
          "eval_syn": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
          "compare": ["eval", "eval_syn"], "report": []}
 MODEL_STAGE = {"base": "data", **{f"sft{k}": f"sft{k}" for k in range(3)}, **{f"rl{k}": f"rl{k}" for k in range(3)},
-               "soup": "merge", "ties": "merge", "dare_ties": "merge", "della": "merge",
+               "soup": "merge", "ties": "merge", "dare_ties": "merge", "dare_ties_mean": "merge", "della": "merge",
                "opd": "opd", "opd_nogate": "opd_nogate", "opd_rlfb": "opd_rlfb"}   # model -> the stage making it
-MERGES = {"soup": "soup", "ties": "ties", "dare_ties": "dare_ties", "della": "della"}   # name -> merge.py --method
+MERGES = {"soup": ["soup"], "ties": ["ties"],                                  # name -> merge.py's method arguments
+          "dare_ties": ["dare_ties", "--dare-norm", "sum"],                   # mergekit's default form
+          "dare_ties_mean": ["dare_ties", "--dare-norm", "mean"],             # peft's / the DARE code's form
+          "della": ["della"]}
 OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail", "rl"]}
 
 
@@ -637,13 +646,57 @@ def rl_cmd(c, o, model, k):
                       lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o)])
 
 
-def merge_cmd(c, o, name):
+def merge_cmd(c, o, name, lam=None, out=None):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
-    return Cmd(["python", "merge.py", "--method", MERGES[name], "--adapters", *experts,
-                "--out", rel(o / "merge" / name),
+    out = out or o / "merge" / name
+    return Cmd(["python", "merge.py", "--method", *MERGES[name], "--adapters", *experts, "--out", rel(out),
                 *opts(space=c["merge_space"], rank=c["merge_rank"], density=c["merge_density"], seed=c["seed"],
-                      device=c["merge_device"])],
-               done=o / "merge" / name / "done.json")
+                      device=c["merge_device"], lam=lam)],
+               done=out / "done.json")
+
+
+def merge_cmds(c, o, model):
+    """The merge stage. With merge_lams (several lambdas): each method merged at each lambda into
+    merge/tune/NAME_lamL, each candidate scored on the tuning tasks (tune_tasks: direct answers, tune_n samples),
+    and the best (Pass@1, then Cov@1, then the lambda nearest 1) copied to merge/NAME with its choice.json.
+    Without: each method once, at merge.py's lambda 1."""
+    lams = c["merge_lams"] or []
+    if len(lams) < 2:
+        return [merge_cmd(c, o, m, lams[0] if lams else None) for m in MERGES]
+    cmds = []
+    for m in MERGES:
+        cands = [o / "merge" / "tune" / f"{m}_lam{lam:g}" for lam in lams]
+        for lam, cand in zip(lams, cands):
+            cmds.append(merge_cmd(c, o, m, lam, cand))
+            cmds.append(eval_cmd(c, o, model, cand, tune_tasks(c, o), cand / "tune_eval", c["tune_n"], 0))
+        argv = ["python", "chorus_mini.py", "pick-merge", "--out", rel(o / "merge" / m), "--candidates", *map(rel, cands)]
+        cmds.append(Cmd(argv, done=o / "merge" / m / "choice.json",
+                        fn=lambda m=m, cands=cands: pick_merge(o / "merge" / m, cands)))
+    return cmds
+
+
+def pick_merge(out, candidates):
+    """Copy the candidate merge with the best tuning score (direct Pass@1, then Cov@1, then |lambda - 1| smallest)
+    to `out`, with choice.json listing every candidate's score."""
+    rows = []
+    for cand in map(Path, candidates):
+        report = read_json(cand / "merge_report.json") or {}
+        m = (read_json(cand / "tune_eval" / "metrics.json") or {}).get("direct")
+        if not m:
+            raise SystemExit(f"pick-merge: {cand}/tune_eval/metrics.json has no direct metrics")
+        lam = (report.get("params") or {}).get("lam", 1.0)
+        rows.append({"candidate": str(cand), "lam": lam, "pass@1": m["pass@1"], "cov@1": m["cov@1"],
+                     "syn_pass": m.get("syn_pass"), "tasks": m.get("tasks")})
+    best = max(rows, key=lambda r: (r["pass@1"], r["cov@1"], -abs(r["lam"] - 1.0)))
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(best["candidate"], out, ignore=shutil.ignore_patterns("tune_eval"))
+    (out / "choice.json").write_text(json.dumps({"chosen": best, "candidates": rows,
+                                                 "rule": "tuning-task direct Pass@1, then Cov@1, then lambda nearest 1"},
+                                                indent=1))
+    print(f"pick-merge: {out.name} lambda {best['lam']:g} (tuning Pass@1 {best['pass@1']:.1f}, Cov@1 {best['cov@1']:.1f}; "
+          + ", ".join(f"{r['lam']:g}: {r['pass@1']:.1f}" for r in rows) + ")")
 
 
 def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
@@ -724,7 +777,7 @@ def cmd_run(args):
     run_stage(ctx, "sft2", [sft_cmd(c, o, model, "data2/stage2.jsonl", "sft1", "sft2")])
     for k in range(3):
         run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
-    run_stage(ctx, "merge", [merge_cmd(c, o, m) for m in MERGES])
+    run_stage(ctx, "merge", merge_cmds(c, o, model))
     run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", tune_tasks(c, o), o / f"val/rl{k}",
                                     c["val_n"], c["val_rounds"]) for k in range(3)])
     for variant in OPD_VARIANTS:
@@ -809,7 +862,7 @@ PAPER = {   # CVDP-ECov agentic Pass@1, Qwen3-4B (docs/method.md §2.4); (u) = u
 LABELS = {"base": "base model", "sft0": "SFT stage 0", "sft1": "SFT stage 1", "sft2": "SFT stage 2",
           "rl0": "RL expert 0 (from SFT 0)", "rl1": "RL expert 1 (from SFT 1)", "rl2": "RL expert 2 (from SFT 2)",
           "oracle": "oracle union of the 3 experts", "soup": "merge: Model Soup", "ties": "merge: TIES",
-          "dare_ties": "merge: DARE-TIES", "della": "merge: DELLA", "opd": "OPD, reward-gated (CHORUS)",
+          "dare_ties": "merge: DARE-TIES (sum)", "dare_ties_mean": "merge: DARE-TIES (mean)", "della": "merge: DELLA", "opd": "OPD, reward-gated (CHORUS)",
           "opd_nogate": "OPD, always distill (no gate)", "opd_rlfb": "OPD, gate + RL fallback"}
 
 
@@ -984,6 +1037,9 @@ def main(argv=None):
     p.add_argument("--max-chars", type=int, required=True, help="RTL+spec characters at most")
     p.add_argument("--split", choices=("report", "tuning"), default="report", help="evaluate.split_tasks's split")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("pick-merge", help="keep the merge candidate that scores best on the tuning tasks")
+    p.add_argument("--out", required=True, help="the merge's folder (merge/NAME)")
+    p.add_argument("--candidates", nargs="+", required=True, help="candidate folders, each with tune_eval/metrics.json")
     p = sub.add_parser("mix-tasks", help="mix the real-design pool into the synthetic train/val tasks (data stage)")
     p.add_argument("--data", required=True, help="the run's data folder (pool/pool.jsonl, syn_*_tasks.jsonl)")
     p.add_argument("--real-val", type=int, default=0, help="pool designs that go to the validation tasks")
@@ -998,6 +1054,8 @@ def main(argv=None):
         return report(args.out) or 0
     if args.command == "select-tasks":
         return select_tasks(args.tasks, args.limit, args.max_chars, args.out, args.split) or 0
+    if args.command == "pick-merge":
+        return pick_merge(args.out, args.candidates) or 0
     if args.command == "mix-tasks":
         return mix_tasks(args.data, args.real_val) and 0
     if args.command == "tiny-model":

@@ -332,3 +332,36 @@ def test_select_tasks_tuning_and_report_splits_are_disjoint(tmp_path):
     report = [json.loads(x)["id"] for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     expected = {t["id"] for t in tasks if evaluate.split_of(t["id"]) == "tuning"}
     assert set(tune) == expected and 8 < len(tune) < 30 and len(report) == 10 and not set(tune) & set(report)
+
+
+def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
+    """merge_lams: every method merged at each lambda and scored on the tuning tasks, then pick-merge keeps the
+    best (Pass@1, then Cov@1, then the lambda nearest 1) in merge/NAME; both DARE-TIES forms are merges."""
+    o = tmp_path
+    c = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.5, 1.0, 1.5]", "tune_n=2"])
+    cmds = [[str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c, o, "M")]
+    merges = [a for a in cmds if a[1] == "merge.py"]
+    assert len(merges) == 3 * len(cm.MERGES) == 15
+    mean = next(a for a in merges if "dare_ties_mean_lam1" in " ".join(a))
+    assert mean[mean.index("--dare-norm") + 1] == "mean" and mean[mean.index("--lam") + 1] == "1.0"
+    evals = [a for a in cmds if "eval" in a and "--tasks" in a]
+    assert len(evals) == 15 and all(a[a.index("--rounds") + 1] == "0" and a[a.index("--n") + 1] == "2" for a in evals)
+    assert all(a[a.index("--tasks") + 1] == str(cm.rel(cm.tune_tasks(c, o))) for a in evals)
+    picks = [a for a in cmds if "pick-merge" in a]
+    assert len(picks) == 5 and cmds.index(picks[0]) == 6          # after soup's 3 merges and 3 scores
+    # pick-merge on three fake candidates: 1.5 and 0.5 tie on Pass@1; 0.5 has the higher Cov@1
+    for lam, p1, cov in ((0.5, 40.0, 60.0), (1.0, 30.0, 70.0), (1.5, 40.0, 50.0)):
+        cand = o / "merge" / "tune" / f"soup_lam{lam:g}"
+        (cand / "tune_eval").mkdir(parents=True)
+        (cand / "merge_report.json").write_text(json.dumps({"params": {"lam": lam}}))
+        (cand / "adapter_model.safetensors").write_text(f"weights {lam}")
+        (cand / "tune_eval" / "metrics.json").write_text(json.dumps({"direct": {"pass@1": p1, "cov@1": cov, "tasks": 3}}))
+    cands = [o / "merge" / "tune" / f"soup_lam{lam:g}" for lam in (0.5, 1.0, 1.5)]
+    assert cm.main(["pick-merge", "--out", str(o / "merge" / "soup"), "--candidates", *map(str, cands)]) == 0
+    choice = json.loads((o / "merge" / "soup" / "choice.json").read_text())
+    assert choice["chosen"]["lam"] == 0.5 and len(choice["candidates"]) == 3
+    assert (o / "merge" / "soup" / "adapter_model.safetensors").read_text() == "weights 0.5"
+    assert not (o / "merge" / "soup" / "tune_eval").exists()
+    c1 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
+    assert all("pick-merge" not in [str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c1, o, "M"))
+    assert cm.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]
