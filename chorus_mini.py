@@ -862,7 +862,8 @@ PAPER = {   # CVDP-ECov agentic Pass@1, Qwen3-4B (docs/method.md §2.4); (u) = u
 LABELS = {"base": "base model", "sft0": "SFT stage 0", "sft1": "SFT stage 1", "sft2": "SFT stage 2",
           "rl0": "RL expert 0 (from SFT 0)", "rl1": "RL expert 1 (from SFT 1)", "rl2": "RL expert 2 (from SFT 2)",
           "oracle": "oracle union of the 3 experts", "soup": "merge: Model Soup", "ties": "merge: TIES",
-          "dare_ties": "merge: DARE-TIES (sum)", "dare_ties_mean": "merge: DARE-TIES (mean)", "della": "merge: DELLA", "opd": "OPD, reward-gated (CHORUS)",
+          "dare_ties": "merge: DARE-TIES (sum)", "dare_ties_mean": "merge: DARE-TIES (mean)", "della": "merge: DELLA",
+          "opd": "OPD, reward-gated (CHORUS)",
           "opd_nogate": "OPD, always distill (no gate)", "opd_rlfb": "OPD, gate + RL fallback"}
 
 

@@ -58,7 +58,7 @@ lane B 1 'evals base; wait_for sft0; stage rl0; wait_for val; stage opd_nogate; 
 lane C 1 'wait_for sft0; evals sft0; wait_for sft1; stage rl1; wait_for val; stage opd_rlfb; evals opd_rlfb'
 lane D 0 'wait_for sft1; evals sft1; wait_for sft2; evals sft2; wait_for rl0; evals rl0; wait_for rl1; evals rl1;
           wait_for merge; evals soup ties'
-lane E 1 'wait_for rl2; evals rl2; wait_for merge; evals dare_ties della'
+lane E 1 'wait_for rl2; evals rl2; wait_for merge; evals dare_ties dare_ties_mean della'
 wait
 if [ -f "$OUT/lanes/FAILED" ]; then
   echo "run_small: lanes that failed or stopped: $(sort -u "$OUT/lanes/FAILED" | tr '\n' ' ')(logs in $OUT/lanes)"
