@@ -69,10 +69,27 @@ def cap_memory(cap_gib):
     return record
 
 
+NO_CUDNN_SDP_ENV = "CHORUS_NO_CUDNN_SDP"
+
+
+def apply_sdpa_env():
+    """$CHORUS_NO_CUDNN_SDP=1: SDPA never picks its cuDNN kernel (flash / memory-efficient / math instead). A
+    workaround knob: cuDNN's attention backward has returned NaN gradients on H100/H200 with torch 2.11 in
+    known cases (pytorch/pytorch#196678), and bench/grad_check.py compares the kernels on a model. Returns
+    whether cuDNN attention is off."""
+    if os.environ.get(NO_CUDNN_SDP_ENV, "").strip() in ("1", "true", "yes"):
+        if torch.backends.cuda.cudnn_sdp_enabled():
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            print(f"[common] ${NO_CUDNN_SDP_ENV}: SDPA's cuDNN attention kernel is off")
+        return True
+    return False
+
+
 def apply_gpu_cap():
     """Apply $CHORUS_GPU_CAP_GIB once per process (cap_memory), the first time the kit puts something on
     CUDA (pick_device, load_model). Returns the cap's record, or None (no variable, no CUDA, or 0).
-    A value that is not a positive number ends the script with one line."""
+    A value that is not a positive number ends the script with one line. Also applies apply_sdpa_env()."""
+    apply_sdpa_env()
     if _CAP["applied"]:
         return _CAP["record"]
     text = os.environ.get(GPU_CAP_ENV, "").strip()

@@ -203,3 +203,18 @@ def test_smollm2_gguf_load_and_fast_equals_hf(tmp_path_factory):
     hf = common.generate(model, tok, msgs, max_new_tokens=12, temperature=0, fast=False)
     fast = common.generate(model, tok, msgs, max_new_tokens=12, temperature=0, fast=True)
     assert _tokens(hf) == _tokens(fast) and "Paris" in hf[0].text
+
+
+def test_no_cudnn_sdp_env_turns_the_cudnn_attention_kernel_off(monkeypatch):
+    """$CHORUS_NO_CUDNN_SDP=1 (the workaround for cuDNN attention backward NaNs): SDPA's cuDNN kernel is off
+    after the first CUDA set-up call; unset, nothing changes."""
+    import torch
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.delenv(common.NO_CUDNN_SDP_ENV, raising=False)
+        assert common.apply_sdpa_env() is False and torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv(common.NO_CUDNN_SDP_ENV, "1")
+        assert common.apply_sdpa_env() is True and not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -10,7 +10,9 @@
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
-#   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~2 min)
+#   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
+#   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
+#   every stage's process)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
 # runs/ points into ~/stage, which survives while the machine stays warm). Session 5 ran part a with shorter
 # timeouts, so its SFT runs resumed twice (results/stage0_real_mix.md); part b ran in session 6 from the committed adapters.
