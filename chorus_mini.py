@@ -691,7 +691,8 @@ def pick_merge(out, candidates):
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(best["candidate"], out, ignore=shutil.ignore_patterns("tune_eval"))
+    # without the candidate's done.json: merge/NAME/done.json means "merged at the default lambda" to merge_cmd
+    shutil.copytree(best["candidate"], out, ignore=shutil.ignore_patterns("tune_eval", "done.json"))
     (out / "choice.json").write_text(json.dumps({"chosen": best, "candidates": rows,
                                                  "rule": "tuning-task direct Pass@1, then Cov@1, then lambda nearest 1"},
                                                 indent=1))
@@ -771,6 +772,10 @@ def cmd_run(args):
     subset = set(wanted) != set(model_adapters(o))     # e.g. the SFT stages while RL still runs elsewhere
 
     run_stage(ctx, "data", data_cmds(c, o, o / "data/tiny_model"))
+    if c["tune_source"] == "dev" and eval_source(c) and (o / "data/done.json").is_file() and not tune_tasks(c, o).is_file():
+        raise SystemExit(f"chorus_mini.py: {rel(tune_tasks(c, o))} is missing: this run's data stage predates "
+                         "tune_source=dev. Make it with `python chorus_mini.py select-tasks --split tuning ...` and "
+                         "rebuild data/val_sft from it (README, validation), or --set tune_source=val")
     run_stage(ctx, "sft0", [sft_cmd(c, o, model, "data/stage0.jsonl", None, "sft0")])
     run_stage(ctx, "sft1", [sft_cmd(c, o, model, "data/stage1.jsonl", "sft0", "sft1")])
     run_stage(ctx, "data2", [data2_cmd(c, o, model)])

@@ -491,9 +491,9 @@ CLAIM_MODELS = {"sft": ("sft0", "sft1", "sft2"), "experts": ("rl0", "rl1", "rl2"
 
 
 def paired_bootstrap(per_task, stat, *, seed=0, n_boot=2000, level=0.95):
-    """(point, [lo, hi]) of stat(per_task), per_task a (tasks, models) array and stat a function of such an
-    array (it also gets a batch of them, shape (n_boot, tasks, models)). The interval resamples tasks, the
-    same tasks for every model (paired); percentile method."""
+    """{point, ci95} of stat(per_task), per_task a (tasks, models) array and stat a function of such an array
+    (it also gets a batch of them, shape (n_boot, tasks, models)). The interval resamples tasks, the same tasks
+    for every model (paired); percentile method."""
     x = np.asarray(per_task, dtype=float)
     idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
     lo, hi = np.percentile(stat(x[idx]), [50 * (1 - level), 50 * (1 + level)])
@@ -506,13 +506,53 @@ def gap(a):
     return means.max(axis=-1) - means.min(axis=-1)
 
 
+def oracle_gain(a):
+    """Oracle union minus the best model: mean over tasks of the per-task best score, less the best mean."""
+    return a.max(axis=-1).mean(axis=-1) - a.mean(axis=-2).max(axis=-1)
+
+
+def permutation_null(per_task, stat, *, seed=0, n_perm=2000):
+    """stat under 'the models are exchangeable': each task's scores shuffled among the models (n_perm draws)."""
+    x = np.asarray(per_task, dtype=float)
+    rng = np.random.default_rng(seed + 1)
+    keys = rng.random((n_perm, *x.shape)).argsort(axis=-1)
+    return stat(np.take_along_axis(np.broadcast_to(x, (n_perm, *x.shape)), keys, axis=-1))
+
+
+def pooled_samples_null(per_task, samples, stat, *, seed=0, n_draws=2000):
+    """stat when the models' samples were exchangeable within each task: a task's passes (out of all its
+    models' samples together) dealt out again among the models at random (hypergeometric draws), n_draws times.
+    This conditions on each task's total, so it is exact under that hypothesis; sampling noise alone lifts a
+    per-task max above any single model, and this is how far."""
+    x = np.asarray(per_task, dtype=float)
+    n = np.broadcast_to(np.asarray(samples, dtype=int)[:, None], x.shape)
+    passes = np.rint(x / 100.0 * n).astype(int)
+    rng = np.random.default_rng(seed + 2)
+    left_pass = np.broadcast_to(passes.sum(axis=1), (n_draws, len(x))).copy()
+    left_all = np.broadcast_to(n.sum(axis=1), (n_draws, len(x))).copy()
+    draws = np.zeros((n_draws, *x.shape))
+    for m in range(x.shape[1]):
+        k = n[:, m][None, :].repeat(n_draws, axis=0)
+        got = rng.hypergeometric(left_pass, left_all - left_pass, k) if m < x.shape[1] - 1 else left_pass
+        draws[:, :, m] = 100.0 * got / k
+        left_pass, left_all = left_pass - got, left_all - k
+    return stat(draws)
+
+
+def above_null(observed, null, level=0.95):
+    """{noise_floor (the null's `level` quantile), p (one-sided), verdict: holds when observed is above the floor}."""
+    floor = float(np.quantile(null, level))
+    p_value = float((np.sum(null >= observed - 1e-12) + 1) / (len(null) + 1))
+    return {"noise_floor": floor, "p": p_value, "verdict": "holds" if observed > floor else "does not hold"}
+
+
 def verdict(ci, margin=0.0):
-    """'holds' when the whole interval is above -margin (margin 0: above 0, a difference claimed positive;
-    margin > 0: non-inferiority); 'does not hold' when it is wholly below 0 (for margin 0: not above 0
-    anywhere, e.g. [0, 0]: no difference at all); else 'inconclusive'."""
+    """A difference claimed positive (margin 0): 'holds' when its interval is above 0, 'does not hold' when it is
+    nowhere above 0 (e.g. [0, 0]: no difference at all). Non-inferiority (margin > 0): 'holds' when the interval
+    is above -margin, 'does not hold' when it is wholly below -margin. Otherwise 'inconclusive'."""
     if ci[0] > -margin:
         return "holds"
-    return "does not hold" if ci[1] < 0 or (margin == 0 and ci[1] <= 0) else "inconclusive"
+    return "does not hold" if (ci[1] < -margin if margin else ci[1] <= 0) else "inconclusive"
 
 
 def both(verdicts):
@@ -523,83 +563,115 @@ def both(verdicts):
 
 def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
     """The paper's four claims (docs/method.md §2.4) on one eval folder (a subfolder per model, each with
-    metrics.json), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean), over the tasks every model has:
-    (a) the SFT checkpoints differ (the largest gap between sft0-2's means > 0) and identical RL brings them
-        closer (that gap minus the experts' gap > 0);
-    (b) the experts are complementary: the oracle union (per task, the best expert's score) above the best expert;
-    (c) the soup at least matches the best expert: soup - best expert above -margin (non-inferiority);
-    (d) gated OPD beats the soup and always-distill: both differences > 0.
-    Every statistic has a paired bootstrap interval over tasks, and a claim's verdict follows from it (verdict()).
-    The best expert has the highest mean on these tasks (chosen on the same tasks, as the paper does). The oracle
-    takes a per-task max of sampled rates, so sampling noise alone lifts it above every expert: the same statistic
-    for the SFT checkpoints is given beside it as a yardstick. Claims whose models are missing are listed under
-    `missing`."""
+    metrics.json), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean). Each claim uses the tasks all of
+    its models have, in agentic mode when all of them have it (else direct; `mode` forces one):
+    (a) the SFT checkpoints differ, and identical RL brings them closer. `sft_gap` (the largest gap between
+        sft0-2's means) must be above its noise floor: the gap when each task's scores are shuffled among the
+        three models (a gap of maxima is never below 0, so an interval alone would always clear 0).
+        `gap_shrink` (the SFT gap minus the experts' gap) must have its paired bootstrap interval above 0.
+    (b) the experts are complementary: the oracle union (per task, the best expert's score) minus the best
+        expert must be above its noise floor: the same statistic when each task's samples are dealt out among
+        the experts at random (pooled_samples_null: exact given each task's passes). A gain that sampling noise
+        among equal experts explains does not count; an expert that dominates gives a gain below it. Cov@1 has no
+        per-sample values in metrics.json: its (b) is inconclusive unless the gain clears the floor of each
+        task's scores shuffled among the experts.
+    (c) the soup at least matches the best expert: soup - best expert, non-inferiority at `margin` points.
+    (d) gated OPD beats the soup and always-distill: both differences' intervals above 0.
+    Intervals are 95 % paired bootstraps over tasks (n_boot resamples). The best expert has the highest mean
+    on the claim's tasks. Claims whose models are missing are listed under `missing`."""
+    if n_boot < 1:
+        raise SystemExit(f"claims: n_boot must be at least 1, got {n_boot}")
     root = Path(eval_dir)
+    if not root.is_dir():
+        raise SystemExit(f"claims: {eval_dir} is not a folder")
     sft, experts = CLAIM_MODELS["sft"], CLAIM_MODELS["experts"]
-    metrics = {d.name: json.loads((d / "metrics.json").read_text()) for d in sorted(root.iterdir()) if root.is_dir()
-               and d.name in (*sft, *experts, "soup", "opd", "opd_nogate") and (d / "metrics.json").is_file()}
-    if mode is None:       # agentic when every model has it (eval runs without refinement rounds have direct only)
-        mode = "agentic" if metrics and all("agentic" in m for m in metrics.values()) else "direct"
-    tables = {name: m[mode]["per_task"] for name, m in metrics.items() if mode in m}
-    names = [n for n in (*sft, *experts, "soup", "opd", "opd_nogate") if n in tables]
-    if not names:
-        raise SystemExit(f"claims: no sft0-2 / rl0-2 / soup / opd folder with {mode} metrics under {eval_dir}")
-    tasks = sorted(set.intersection(*(set(tables[n]) for n in names)))
-    if not tasks:
-        raise SystemExit(f"claims: the models under {eval_dir} share no task")
-    col = {n: np.array([tables[n][t][metric] for t in tasks], dtype=float) for n in names}
-    have = lambda *group: all(n in col for n in group)
-    stack = lambda *group: np.stack([col[n] for n in group], axis=1)
+    metrics = {d.name: json.loads((d / "metrics.json").read_text()) for d in sorted(root.iterdir())
+               if d.name in (*sft, *experts, "soup", "opd", "opd_nogate") and (d / "metrics.json").is_file()}
+    if not metrics:
+        raise SystemExit(f"claims: no sft0-2 / rl0-2 / soup / opd folder with metrics.json under {eval_dir}")
+
+    def table(*names):
+        """(mode, tasks, {name: column}, per-task samples) over the tasks every one of `names` has."""
+        m = mode or ("agentic" if all("agentic" in metrics[n] for n in names) else "direct")
+        tabs = {n: metrics[n][m]["per_task"] for n in names if m in metrics[n]}
+        if len(tabs) < len(names):
+            return None
+        tasks = sorted(set.intersection(*(set(t) for t in tabs.values())))
+        cols = {n: np.array([tabs[n][t][metric] for t in tasks], dtype=float) for n in names}
+        samples = np.array([min(tabs[n][t].get("samples", 1) for n in names) for t in tasks])
+        return {"mode": m, "tasks": tasks, "cols": cols, "samples": samples,
+                "dropped": len(set.union(*(set(t) for t in tabs.values())) - set(tasks))}
+
+    have = lambda *names: all(n in metrics for n in names)
     boot = lambda x, stat: paired_bootstrap(x, stat, seed=seed, n_boot=n_boot)
     diff = lambda a: a[..., 0].mean(axis=-1) - a[..., 1].mean(axis=-1)
-    out = {"eval_dir": str(eval_dir), "mode": mode, "metric": metric, "tasks": len(tasks), "n_boot": n_boot,
-           "seed": seed, "margin": margin, "means": {n: float(col[n].mean()) for n in names}, "claims": {},
-           "missing": [k for k, ok in (("a", have(*sft, *experts)), ("b", have(*experts)),
-                                       ("c", have(*experts, "soup")), ("d", have("opd", "soup", "opd_nogate"))) if not ok]}
-    if have(*experts):
-        best = max(experts, key=lambda n: col[n].mean())
-        out["best_expert"] = best
-    if have(*sft, *experts):
-        sft_gap = boot(stack(*sft), gap)
-        shrink = boot(stack(*sft, *experts), lambda a: gap(a[..., :3]) - gap(a[..., 3:]))
-        sft_gap["verdict"], shrink["verdict"] = verdict(sft_gap["ci95"]), verdict(shrink["ci95"])
-        out["claims"]["a"] = {"claim": "the staged SFT checkpoints differ, and identical RL brings them closer",
-                              "sft_gap": sft_gap, "expert_gap": boot(stack(*experts), gap), "gap_shrink": shrink,
-                              "verdict": both([sft_gap["verdict"], shrink["verdict"]])}
-    if have(*experts):
-        j = experts.index(best)
-        oracle = boot(stack(*experts), lambda a: (a.max(axis=-1) - a[..., j]).mean(axis=-1))
-        out["claims"]["b"] = {"claim": "the experts are complementary: the oracle union is above the best expert",
-                              "oracle_minus_best": oracle, "verdict": verdict(oracle["ci95"])}
-        if have(*sft):
-            y = stack(*sft)
-            out["claims"]["b"]["sft_oracle_minus_best"] = float((y.max(axis=1) - y[:, y.mean(axis=0).argmax()]).mean())
-    if have(*experts, "soup"):
-        d = boot(stack("soup", best), diff)
-        out["claims"]["c"] = {"claim": f"the soup at least matches the best expert (margin {margin:g} points)",
-                              "soup_minus_best": d, "verdict": verdict(d["ci95"], margin)}
-    if have("opd", "soup", "opd_nogate"):
-        vs_soup, vs_nogate = boot(stack("opd", "soup"), diff), boot(stack("opd", "opd_nogate"), diff)
-        vs_soup["verdict"], vs_nogate["verdict"] = verdict(vs_soup["ci95"]), verdict(vs_nogate["ci95"])
-        out["claims"]["d"] = {"claim": "gated OPD beats the soup and always-distill", "opd_minus_soup": vs_soup,
-                              "opd_minus_nogate": vs_nogate, "verdict": both([vs_soup["verdict"], vs_nogate["verdict"]])}
+    stack = lambda t, *names: np.stack([t["cols"][n] for n in names], axis=1)
+    info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"]}
+    out = {"eval_dir": str(eval_dir), "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin,
+           "means": {}, "claims": {}, "missing": []}
+    for key, names in (("a", (*sft, *experts)), ("b", experts), ("c", (*experts, "soup")),
+                       ("d", ("opd", "soup", "opd_nogate"))):
+        t = table(*names) if have(*names) else None
+        if t is None or not t["tasks"]:
+            out["missing"].append(key)
+            continue
+        out["means"].update({n: float(col.mean()) for n, col in t["cols"].items() if n not in out["means"]})
+        best = max(experts, key=lambda n: t["cols"][n].mean()) if set(experts) <= set(names) else None
+        if key == "a":
+            x = stack(t, *sft)
+            sft_gap = {**boot(x, gap), **above_null(float(gap(x)), permutation_null(x, gap, seed=seed))}
+            shrink = boot(stack(t, *sft, *experts), lambda a: gap(a[..., :3]) - gap(a[..., 3:]))
+            shrink["verdict"] = verdict(shrink["ci95"])
+            row = {"claim": "the staged SFT checkpoints differ, and identical RL brings them closer",
+                   "sft_gap": sft_gap, "expert_gap": boot(stack(t, *experts), gap), "gap_shrink": shrink,
+                   "verdict": both([sft_gap["verdict"], shrink["verdict"]])}
+        elif key == "b":
+            x = stack(t, *experts)
+            observed = float(oracle_gain(x))
+            if metric == "pass_rate":
+                null = pooled_samples_null(x, t["samples"], oracle_gain, seed=seed)
+                test = {**above_null(observed, null), "null": "each task's samples exchangeable among the experts"}
+            else:
+                test = {**above_null(observed, permutation_null(x, oracle_gain, seed=seed)),
+                        "null": "each task's scores shuffled among the experts"}
+                test["verdict"] = "holds" if test["verdict"] == "holds" else "inconclusive"
+            row = {"claim": "the experts are complementary: the oracle union is above the best expert",
+                   "oracle_minus_best": {**boot(x, oracle_gain), **test}, "verdict": test["verdict"]}
+            if have(*sft) and (ts := table(*sft)) and ts["tasks"]:       # the same statistic for the SFT checkpoints
+                row["sft_oracle_minus_best"] = float(oracle_gain(stack(ts, *sft)))
+        elif key == "c":
+            d = boot(stack(t, "soup", best), diff)
+            row = {"claim": f"the soup at least matches the best expert (non-inferiority, margin {margin:g} points)",
+                   "soup_minus_best": d, "verdict": verdict(d["ci95"], margin)}
+        else:
+            vs_soup, vs_nogate = boot(stack(t, "opd", "soup"), diff), boot(stack(t, "opd", "opd_nogate"), diff)
+            vs_soup["verdict"], vs_nogate["verdict"] = verdict(vs_soup["ci95"]), verdict(vs_nogate["ci95"])
+            row = {"claim": "gated OPD beats the soup and always-distill", "opd_minus_soup": vs_soup,
+                   "opd_minus_nogate": vs_nogate, "verdict": both([vs_soup["verdict"], vs_nogate["verdict"]])}
+        out["claims"][key] = {**row, **info(t), **({"best_expert": best} if best else {})}
     return out
 
 
 def claims_markdown(c):
     """The claims as a markdown table (points of the metric, 95 % paired bootstrap intervals over tasks)."""
     unit = "Pass@1" if c["metric"] == "pass_rate" else "Cov@1"
-    f = lambda s: f"{s['point']:+.1f} [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}]"
+
+    def f(name, s):
+        text = f"{name} {s['point']:+.1f} [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}]"
+        return text + (f", noise floor {s['noise_floor']:+.1f} (p {s['p']:.3f})" if "noise_floor" in s else "")
     rows = []
     for key, stats in (("a", ("sft_gap", "expert_gap", "gap_shrink")), ("b", ("oracle_minus_best",)),
                        ("c", ("soup_minus_best",)), ("d", ("opd_minus_soup", "opd_minus_nogate"))):
         if key in c["claims"]:
             r = c["claims"][key]
-            rows.append(f"| ({key}) {r['claim']} | " + "; ".join(f"{s} {f(r[s])}" for s in stats)
+            extra = (f"; the SFT checkpoints' own oracle gain {r['sft_oracle_minus_best']:+.1f}"
+                     if "sft_oracle_minus_best" in r else "")
+            where = f"{r['mode']}, {r['tasks']} tasks" + (f", best expert {r['best_expert']}" if "best_expert" in r else "")
+            rows.append(f"| ({key}) {r['claim']} | {where} | " + "; ".join(f(s, r[s]) for s in stats) + extra
                         + f" | **{r['verdict']}** |")
-    return [f"{c['mode']} {unit}, {c['tasks']} tasks, difference in points with its 95 % paired bootstrap interval "
-            f"over tasks ({c['n_boot']} resamples); best expert {c.get('best_expert', '-')}", "",
-            "| claim | statistic | verdict |", "|---|---|---|", *rows,
+    return [f"{unit} differences in points, each with its 95 % paired bootstrap interval over tasks ({c['n_boot']} "
+            "resamples); a gap or oracle gain, never below 0, must also clear its noise floor (evaluate.claims)", "",
+            "| claim | tasks | statistic | verdict |", "|---|---|---|---|", *rows,
             *([""] + [f"Not measured (models missing): {', '.join(c['missing'])}"] if c["missing"] else [])]
 
 

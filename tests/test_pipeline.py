@@ -355,13 +355,26 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
         (cand / "tune_eval").mkdir(parents=True)
         (cand / "merge_report.json").write_text(json.dumps({"params": {"lam": lam}}))
         (cand / "adapter_model.safetensors").write_text(f"weights {lam}")
+        (cand / "done.json").write_text("{}")
         (cand / "tune_eval" / "metrics.json").write_text(json.dumps({"direct": {"pass@1": p1, "cov@1": cov, "tasks": 3}}))
     cands = [o / "merge" / "tune" / f"soup_lam{lam:g}" for lam in (0.5, 1.0, 1.5)]
     assert cm.main(["pick-merge", "--out", str(o / "merge" / "soup"), "--candidates", *map(str, cands)]) == 0
     choice = json.loads((o / "merge" / "soup" / "choice.json").read_text())
     assert choice["chosen"]["lam"] == 0.5 and len(choice["candidates"]) == 3
     assert (o / "merge" / "soup" / "adapter_model.safetensors").read_text() == "weights 0.5"
-    assert not (o / "merge" / "soup" / "tune_eval").exists()
+    assert not (o / "merge" / "soup" / "tune_eval").exists() and not (o / "merge" / "soup" / "done.json").exists()
     c1 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
     assert all("pick-merge" not in [str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c1, o, "M"))
     assert cm.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]
+
+
+def test_a_run_folder_older_than_tune_source_dev_is_a_clear_error(tmp_path):
+    """tune_source=dev on a run whose data stage is done but made no tuning tasks: one line saying how to
+    make them, before any training stage runs."""
+    o = tmp_path / "run"
+    (o / "data").mkdir(parents=True)
+    (o / "data" / "done.json").write_text("{}")
+    (tmp_path / "dev.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="tuning_tasks.jsonl is missing: this run's data stage predates"):
+        cm.main(["run", "--out", str(o), "--profile", "smoke", "--set", "tune_source=dev",
+                 "--set", f"eval_tasks={tmp_path / 'dev.jsonl'}", "--only", "sft0"])
