@@ -298,7 +298,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_evaluate_help_lists_its_subcommands():
     p = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "usage: evaluate.py" in p.stdout and "{eval,compare,generate}" in p.stdout
+    assert p.returncode == 0 and "usage: evaluate.py" in p.stdout and "{eval,compare,claims,generate}" in p.stdout
 
 
 def test_a_malformed_task_file_ends_in_one_line_naming_file_and_line(tmp_path, capsys):
