@@ -157,7 +157,9 @@ PROFILES = {
                                    # last = the final one; best = its best validated step (train_val; result.json)
         "rl_val_every": 10,        # RL/OPD steps between validations
         "rl_val_patience": 5,      # validations without a gain > 0.005 in val/reward that make a plateau
-        "rl_stop_on_plateau": False,  # end an RL/OPD run at its plateau (its steps are then a maximum)
+        "rl_stop_on_plateau": False,  # end an RL run at its plateau (its steps are then a maximum); OPD's three
+                                   # variants keep one budget
+        "rl_min_steps": 0,         # ... but never before this step (issue 21: experts train >= 100 steps)
         "tune_source": "val",      # the tasks every choice is made on (validation during training, the OPD student,
                                    # merge lambdas): val = data/val_tasks.jsonl; dev = the eval file's fixed tuning
                                    # split (evaluate.split_tasks: 30 % of ids, never reported; <= eval_max_chars,
@@ -634,8 +636,7 @@ def common_train_opts(c, o):
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
             *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])),
             *(opts(val_tasks=rel(tune_tasks(c, o)), val_every=c["rl_val_every"], val_n=c["train_val_n"],
-                   val_patience=c["rl_val_patience"], stop_on_plateau=c["rl_stop_on_plateau"])
-              if c["train_val"] else []), "--resume"]
+                   val_patience=c["rl_val_patience"]) if c["train_val"] else []), "--resume"]
 
 
 def rl_cmd(c, o, model, k):
@@ -643,7 +644,9 @@ def rl_cmd(c, o, model, k):
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
-                      lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o)])
+                      lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o),
+                *(opts(stop_on_plateau=c["rl_stop_on_plateau"], min_steps=c["rl_min_steps"] or None)
+                  if c["train_val"] else [])])
 
 
 def merge_cmd(c, o, name, lam=None, out=None):

@@ -724,6 +724,7 @@ def add_runtime_args(p, save_every):
     v.add_argument("--val-patience", type=int, default=5,
                    help=f"plateau: the last P validations beat the best before them by <= {PLATEAU_DELTA} in reward")
     v.add_argument("--stop-on-plateau", action="store_true", help="end the run (as a finished one) once on a plateau")
+    v.add_argument("--min-steps", type=int, default=0, help="--stop-on-plateau ends no run before this step")
 
 
 # -----------------------------------------------------------------------------
@@ -828,4 +829,5 @@ def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, rele
                 json.dump(row, f, indent=1)
         write(f"val step {step:5d} | reward {m['val/reward']:.3f} pass@1 {m['val/pass@1']:.1f} cov@1 "
               f"{m['val/cov@1']:.1f} syn {m['val/syn_pass']:.1f} | {m['val/s']:.0f}s" + (" | best" if better else ""))
-    return bool(args.stop_on_plateau and val_summary(log, args.val_patience)["val_plateau"])
+    return bool(args.stop_on_plateau and step >= getattr(args, "min_steps", 0)
+                and val_summary(log, args.val_patience)["val_plateau"])

@@ -94,8 +94,11 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     assert value(sft, "--val-tasks") == tasks and "--val-every" not in sft   # each epoch
     for cmd in (cm.rl_cmd(on, o, "M", 1), cm.opd_cmd(on, o, "M", "opd_nogate")):
         a = argv(cmd)
-        assert (value(a, "--val-tasks"), value(a, "--val-every"), value(a, "--val-patience")) == \
-            (tasks, "7", "5") and "--stop-on-plateau" in a
+        assert (value(a, "--val-tasks"), value(a, "--val-every"), value(a, "--val-patience")) == (tasks, "7", "5")
+    assert "--stop-on-plateau" in argv(cm.rl_cmd(on, o, "M", 1))               # RL only: OPD's variants keep one budget
+    assert "--stop-on-plateau" not in argv(cm.opd_cmd(on, o, "M", "opd_nogate"))
+    assert "--min-steps" not in argv(cm.rl_cmd(on, o, "M", 0))
+    assert value(argv(cm.rl_cmd(cm.apply_overrides(on, ["rl_min_steps=100"]), o, "M", 0)), "--min-steps") == "100"
     build = [argv(c) for c in cm.data_cmds(on, o, o / "m") if any("val_sft" in a for a in argv(c))]
     assert len(build) == 1 and value(build[0], "--tasks") == tasks
     assert value(build[0], "--rounds") == "0"

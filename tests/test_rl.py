@@ -747,6 +747,20 @@ def test_stop_on_plateau_ends_the_run_as_a_finished_one(tmp_path, monkeypatch):
     assert (out / "curves.png").exists()
 
 
+def test_min_steps_holds_the_plateau_stop_back(tmp_path, monkeypatch):
+    """The same plateau at step 3 with --min-steps 5: the run goes on to step 5 (still on a plateau) and stops there."""
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    _scripted_validate(monkeypatch, [0.5, 0.6, 0.6, 0.602, 0.6, 0.601, 9.0])
+    _spy_best_saves(monkeypatch)
+    out = tmp_path / "run"
+    rl.run(rl.parse_args(RL_BASE + ["--out", str(out), "--steps", "10", "--val-tasks", _val_file(tmp_path),
+                                    "--val-every", "1", "--val-patience", "2", "--stop-on-plateau", "--min-steps", "5"]),
+           score_fn=_hash_score, tasks=tasks)
+    log = _log(out)
+    assert [r["step"] for r in log if not r.get("val")] == [1, 2, 3, 4, 5]
+    assert json.loads((out / "result.json").read_text())["outcome"]["stopped_on_plateau"] is True
+
+
 def test_resume_keeps_validations_and_the_best(tmp_path, monkeypatch):
     """Killed during update 4 (after step 3's validation, the best so far, but with checkpoint 2 the newest):
     the resumed run drops best/ of step 3, redoes step 3's validation and ends as the uninterrupted run."""
