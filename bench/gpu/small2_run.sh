@@ -6,18 +6,24 @@
 # Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives):
 #   PART=setup   bash bench/gpu/small2_stage0.sh   carry .stage/g1 .stage/s1   wheels, .debs, GGUF part 1
 #   PART=stash   bash bench/gpu/small2_stage0.sh   carry .stage/g2             GGUF part 2
-#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3 .stage/run8 GGUF part 3, the run's data and
-#                                                  what earlier sessions shipped back (.stage/run8/ship*.part*)
+#   PART=stash   bash bench/gpu/small2_run.sh      carry .stage/shipN          earlier sessions' ship parts (2 x 15 MB
+#                                                  fit one call beside the tracked tree), as many calls as needed
+#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3 .stage/run8 GGUF part 3, the run's data, then
+#                                                  the ship parts joined (checked against ship.sha256) and unpacked
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
-#   PART=ship    bash bench/gpu/small2_run.sh      the run's state to $OUT as ship.tgz.part* (<= 15 MB each):
-#                                                  stage folders without training checkpoints (unless
-#                                                  SHIP_CKPT=1: RL/OPD resume across sessions) and without the
-#                                                  validated SFT adapters, which go to val.tgz.part*
+#   PART=ship    bash bench/gpu/small2_run.sh      the run's state as ship.tgz.partNN (15 MB each) + ship.sha256:
+#                                                  stage folders without training checkpoints (unless SHIP_CKPT=1:
+#                                                  RL/OPD resume across sessions; ~60 MB per RL run) and without
+#                                                  the validated SFT adapters. $OUT takes 8 files a call, so a call
+#                                                  returns parts FIRST..FIRST+5 (FIRST=0 default; the tarball is
+#                                                  made once per session unless SHIP_NEW=1): call again with FIRST=6...
+#   PART=ship_val bash bench/gpu/small2_run.sh     every validated SFT adapter (val.tgz.partNN), for the CPU box
 # .stage/run8 is made on the CPU box: s2st_run.tgz = runs/s2st/data (the data stage of
-# `chorus_mini.py run --profile small --set answer_mode=stimulus`, built in session 5, plus data/val_sft: the val
-# tasks' teacher rows, session 7) and dev_tasks.jsonl; a session's ship parts are copied there for the next one.
+# `chorus_mini.py run --profile small --set answer_mode=stimulus`, built in session 5, plus data/val_sft and
+# data/tuning_tasks.jsonl, session 8) and dev_tasks.jsonl. A session's ship files go to .stage/ship1, ship2, ...
+# (ship.sha256 and at most two parts in each) for the next session's stash calls.
 set -u
 S=~/stage
 export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
@@ -30,13 +36,19 @@ RUN=(--set sft_pick=best --set rl_steps=300 --set rl_min_steps=100 --set rl_stop
 SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus
       "${RUN[@]}" ${EXTRA:-})
 
-mkdir -p $S/g1 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
+mkdir -p $S/g1 $S/ship && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
+cp .stage/ship*/ship.tgz.part* .stage/ship*/ship.sha256 $S/ship/ 2>/dev/null   # ship parts, over as many calls as needed
+[ "${PART:-}" = stash ] && { ls $S/ship; exit 0; }
 if [ "${PART:-}" = restore ]; then
   [ -f $M ] || cat $S/g1/gguf.part* > $M
   echo "gguf sha256 $(sha256sum $M | cut -c1-16)"
   mkdir -p $S/runs
   tar xzf .stage/run8/s2st_run.tgz -C $S/runs && cp .stage/run8/dev_tasks.jsonl $S/runs/
-  if ls .stage/run8/ship.tgz.part* >/dev/null 2>&1; then cat .stage/run8/ship.tgz.part* | tar xzf - -C $S/runs; fi
+  if ls $S/ship/ship.tgz.part* >/dev/null 2>&1; then
+    cat $S/ship/ship.tgz.part* > $S/ship.tgz
+    (cd $S && sha256sum -c ship/ship.sha256) || { echo "restore: ship parts missing or corrupt"; exit 1; }
+    tar xzf $S/ship.tgz -C $S/runs && rm $S/ship.tgz
+  fi
   ls $S/runs/s2st
   exit 0
 fi
@@ -64,13 +76,23 @@ if [ "${PART:-}" = stage ]; then
 fi
 
 if [ "${PART:-}" = ship ]; then
-  # ship.tgz: what later stages need (the next session carries it back in .stage/run8; keep it small: the tracked
-  # tree plus the carried files of one call stay under 64 MiB); val.tgz: every validated SFT adapter, for the
-  # CPU box only (stopping-point choice, results/small2/). Training checkpoints only with SHIP_CKPT=1.
-  cd $S/runs
-  ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
-  [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
-  tar czf - "${ex[@]}" s2st | split -b 15000000 - $OUT/ship.tgz.part
-  find s2st -path '*/val_ckpt/*' -name 'adapter_*' | tar czf - -T - | split -b 15000000 - $OUT/val.tgz.part
+  # ship.tgz: what later stages need (the next session carries it back in .stage/shipN: the tracked tree plus the
+  # carried files of one call stay under 64 MiB). Training checkpoints only with SHIP_CKPT=1.
+  D=$S/ship_out
+  if [ ! -f $D/ship.sha256 ] || [ "${SHIP_NEW:-0}" = 1 ]; then
+    rm -rf $D && mkdir -p $D
+    ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
+    [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
+    (cd $S/runs && tar czf $D/ship.tgz "${ex[@]}" s2st)
+    (cd $D && sha256sum ship.tgz > ship.sha256 && split -b 15000000 -d -a 2 ship.tgz ship.tgz.part && rm ship.tgz)
+  fi
+  parts=($D/ship.tgz.part*); first=${FIRST:-0}
+  cp $D/ship.sha256 "${parts[@]:$first:6}" $OUT/
+  echo "ship: parts $first..$(( first + 5 < ${#parts[@]} - 1 ? first + 5 : ${#parts[@]} - 1 )) of ${#parts[@]} (0-based) in \$OUT"
+  ls -la $OUT
+fi
+if [ "${PART:-}" = ship_val ]; then
+  # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
+  (cd $S/runs && find s2st -path '*/val_ckpt/*' -name 'adapter_*' | tar czf - -T -) | split -b 15000000 -d -a 2 - $OUT/val.tgz.part
   ls -la $OUT
 fi
