@@ -775,7 +775,9 @@ def cmd_run(args):
     subset = set(wanted) != set(model_adapters(o))     # e.g. the SFT stages while RL still runs elsewhere
 
     run_stage(ctx, "data", data_cmds(c, o, o / "data/tiny_model"))
-    if c["tune_source"] == "dev" and eval_source(c) and (o / "data/done.json").is_file() and not tune_tasks(c, o).is_file():
+    tuned = {"sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "val", *OPD_VARIANTS}   # stages that read the tuning tasks
+    if (c["tune_source"] == "dev" and eval_source(c) and (o / "data/done.json").is_file()
+            and not tune_tasks(c, o).is_file() and (not ctx.only or ctx.only & tuned)):
         raise SystemExit(f"chorus_mini.py: {rel(tune_tasks(c, o))} is missing: this run's data stage predates "
                          "tune_source=dev. Make it with `python chorus_mini.py select-tasks --split tuning ...` and "
                          "rebuild data/val_sft from it (README, validation), or --set tune_source=val")

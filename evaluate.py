@@ -519,31 +519,35 @@ def permutation_null(per_task, stat, *, seed=0, n_perm=2000):
     return stat(np.take_along_axis(np.broadcast_to(x, (n_perm, *x.shape)), keys, axis=-1))
 
 
-def pooled_samples_null(per_task, samples, stat, *, seed=0, n_draws=2000):
-    """stat when the models' samples were exchangeable within each task: a task's passes (out of all its
-    models' samples together) dealt out again among the models at random (hypergeometric draws), n_draws times.
-    This conditions on each task's total, so it is exact under that hypothesis; sampling noise alone lifts a
-    per-task max above any single model, and this is how far."""
-    x = np.asarray(per_task, dtype=float)
-    n = np.broadcast_to(np.asarray(samples, dtype=int)[:, None], x.shape)
-    passes = np.rint(x / 100.0 * n).astype(int)
+def pooled_samples_null(passes, samples, stat, *, seed=0, n_draws=2000):
+    """stat (of pass rates in percent) when the models' samples were exchangeable within each task: a task's
+    passes (over all its models' samples together) dealt out again among the models' samples at random
+    (multivariate hypergeometric, model by model), n_draws times. passes, samples: (tasks, models) counts. This
+    conditions on each task's total, so it is exact under that hypothesis; sampling noise alone lifts a per-task
+    max above any single model, and this is how far."""
+    passes, n = np.asarray(passes, dtype=int), np.asarray(samples, dtype=int)
+    if (n < 1).any():
+        raise ValueError("pooled_samples_null: every model needs at least one sample on every task")
     rng = np.random.default_rng(seed + 2)
-    left_pass = np.broadcast_to(passes.sum(axis=1), (n_draws, len(x))).copy()
-    left_all = np.broadcast_to(n.sum(axis=1), (n_draws, len(x))).copy()
-    draws = np.zeros((n_draws, *x.shape))
-    for m in range(x.shape[1]):
-        k = n[:, m][None, :].repeat(n_draws, axis=0)
-        got = rng.hypergeometric(left_pass, left_all - left_pass, k) if m < x.shape[1] - 1 else left_pass
+    left_pass = np.broadcast_to(passes.sum(axis=1), (n_draws, len(n))).copy()
+    left_all = np.broadcast_to(n.sum(axis=1), (n_draws, len(n))).copy()
+    draws = np.zeros((n_draws, *n.shape))
+    for m in range(n.shape[1]):
+        k = np.broadcast_to(n[:, m], (n_draws, len(n)))
+        got = rng.hypergeometric(left_pass, left_all - left_pass, k) if m < n.shape[1] - 1 else left_pass
         draws[:, :, m] = 100.0 * got / k
         left_pass, left_all = left_pass - got, left_all - k
     return stat(draws)
 
 
-def above_null(observed, null, level=0.95):
-    """{noise_floor (the null's `level` quantile), p (one-sided), verdict: holds when observed is above the floor}."""
+def above_null(observed, ci, null, level=0.95):
+    """A never-negative statistic against its noise: {noise_floor (the null's `level` quantile), p (one-sided),
+    verdict}: 'holds' when the observed value is above the floor, 'does not hold' when even the top of its
+    bootstrap interval `ci` is not, else 'inconclusive'."""
     floor = float(np.quantile(null, level))
     p_value = float((np.sum(null >= observed - 1e-12) + 1) / (len(null) + 1))
-    return {"noise_floor": floor, "p": p_value, "verdict": "holds" if observed > floor else "does not hold"}
+    v = "holds" if observed > floor else "does not hold" if ci[1] <= floor else "inconclusive"
+    return {"noise_floor": floor, "p": p_value, "verdict": v}
 
 
 def verdict(ci, margin=0.0):
@@ -577,8 +581,10 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
         task's scores shuffled among the experts.
     (c) the soup at least matches the best expert: soup - best expert, non-inferiority at `margin` points.
     (d) gated OPD beats the soup and always-distill: both differences' intervals above 0.
-    Intervals are 95 % paired bootstraps over tasks (n_boot resamples). The best expert has the highest mean
-    on the claim's tasks. Claims whose models are missing are listed under `missing`."""
+    A statistic held against a noise floor holds above the floor, does not hold when even the top of its
+    interval is not above it, and is inconclusive in between (above_null). Intervals are 95 % paired bootstraps
+    over tasks (n_boot resamples). The best expert has the highest mean on the claim's tasks. Claims whose models
+    are missing (or share no task) are listed under `missing`."""
     if n_boot < 1:
         raise SystemExit(f"claims: n_boot must be at least 1, got {n_boot}")
     root = Path(eval_dir)
@@ -597,9 +603,12 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
         if len(tabs) < len(names):
             return None
         tasks = sorted(set.intersection(*(set(t) for t in tabs.values())))
+        tasks = [t for t in tasks if all(tabs[n][t].get("samples", 0) > 0 for n in names)]   # (none in metrics.json)
         cols = {n: np.array([tabs[n][t][metric] for t in tasks], dtype=float) for n in names}
-        samples = np.array([min(tabs[n][t].get("samples", 1) for n in names) for t in tasks])
-        return {"mode": m, "tasks": tasks, "cols": cols, "samples": samples,
+        n_of = lambda r: r.get("samples", 0)
+        passes_of = lambda r: r["passes"] if "passes" in r else round(r["pass_rate"] * n_of(r) / 100)
+        counts = lambda get: np.array([[get(tabs[n][t]) for n in names] for t in tasks], dtype=int).reshape(len(tasks), -1)
+        return {"mode": m, "tasks": tasks, "cols": cols, "samples": counts(n_of), "passes": counts(passes_of),
                 "dropped": len(set.union(*(set(t) for t in tabs.values())) - set(tasks))}
 
     have = lambda *names: all(n in metrics for n in names)
@@ -613,13 +622,14 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
                        ("d", ("opd", "soup", "opd_nogate"))):
         t = table(*names) if have(*names) else None
         if t is None or not t["tasks"]:
-            out["missing"].append(key)
+            out["missing"].append(key if t is None else f"{key} (its models share no task)")
             continue
         out["means"].update({n: float(col.mean()) for n, col in t["cols"].items() if n not in out["means"]})
         best = max(experts, key=lambda n: t["cols"][n].mean()) if set(experts) <= set(names) else None
         if key == "a":
             x = stack(t, *sft)
-            sft_gap = {**boot(x, gap), **above_null(float(gap(x)), permutation_null(x, gap, seed=seed))}
+            sft_gap = boot(x, gap)
+            sft_gap.update(above_null(sft_gap["point"], sft_gap["ci95"], permutation_null(x, gap, seed=seed)))
             shrink = boot(stack(t, *sft, *experts), lambda a: gap(a[..., :3]) - gap(a[..., 3:]))
             shrink["verdict"] = verdict(shrink["ci95"])
             row = {"claim": "the staged SFT checkpoints differ, and identical RL brings them closer",
@@ -627,16 +637,17 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
                    "verdict": both([sft_gap["verdict"], shrink["verdict"]])}
         elif key == "b":
             x = stack(t, *experts)
-            observed = float(oracle_gain(x))
-            if metric == "pass_rate":
-                null = pooled_samples_null(x, t["samples"], oracle_gain, seed=seed)
-                test = {**above_null(observed, null), "null": "each task's samples exchangeable among the experts"}
+            gain = boot(x, oracle_gain)
+            if metric == "pass_rate":   # t's counts are in claim order: the experts
+                null = pooled_samples_null(t["passes"], t["samples"], oracle_gain, seed=seed)
+                test = {**above_null(gain["point"], gain["ci95"], null),
+                        "null": "each task's samples exchangeable among the experts"}
             else:
-                test = {**above_null(observed, permutation_null(x, oracle_gain, seed=seed)),
+                test = {**above_null(gain["point"], gain["ci95"], permutation_null(x, oracle_gain, seed=seed)),
                         "null": "each task's scores shuffled among the experts"}
                 test["verdict"] = "holds" if test["verdict"] == "holds" else "inconclusive"
             row = {"claim": "the experts are complementary: the oracle union is above the best expert",
-                   "oracle_minus_best": {**boot(x, oracle_gain), **test}, "verdict": test["verdict"]}
+                   "oracle_minus_best": {**gain, **test}, "verdict": test["verdict"]}
             if have(*sft) and (ts := table(*sft)) and ts["tasks"]:       # the same statistic for the SFT checkpoints
                 row["sft_oracle_minus_best"] = float(oracle_gain(stack(ts, *sft)))
         elif key == "c":

@@ -381,3 +381,7 @@ def test_a_run_folder_older_than_tune_source_dev_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="tuning_tasks.jsonl is missing: this run's data stage predates"):
         cm.main(["run", "--out", str(o), "--profile", "smoke", "--set", "tune_source=dev",
                  "--set", f"eval_tasks={tmp_path / 'dev.jsonl'}", "--only", "sft0"])
+    with pytest.raises(SystemExit) as e:                 # eval never reads the tuning tasks: no such error
+        cm.main(["run", "--out", str(o), "--profile", "smoke", "--set", "tune_source=dev",
+                 "--set", f"eval_tasks={tmp_path / 'dev.jsonl'}", "--only", "eval"])
+    assert "tuning_tasks" not in str(e.value) and "stage eval needs" in str(e.value)

@@ -16,10 +16,11 @@
 #   PART=ship    bash bench/gpu/small2_run.sh      the run's state as ship.tgz.partNN (15 MB each) + ship.sha256:
 #                                                  stage folders without training checkpoints (unless SHIP_CKPT=1:
 #                                                  RL/OPD resume across sessions; ~60 MB per RL run) and without
-#                                                  the validated SFT adapters. $OUT takes 8 files a call, so a call
-#                                                  returns parts FIRST..FIRST+5 (FIRST=0 default; the tarball is
-#                                                  made once per session unless SHIP_NEW=1): call again with FIRST=6...
-#   PART=ship_val bash bench/gpu/small2_run.sh     every validated SFT adapter (val.tgz.partNN), for the CPU box
+#                                                  the validated SFT adapters. A call returns 4 parts (the device
+#                                                  brings back 64 MiB), FIRST..FIRST+3 (FIRST=0 default; packed once
+#                                                  per session unless SHIP_NEW=1): call again with FIRST=4, 8, ...
+#   PART=ship_val bash bench/gpu/small2_run.sh     every validated SFT adapter (val.tgz.partNN + val.sha256, FIRST= as
+#                                                  for ship), for the CPU box
 # .stage/run8 is made on the CPU box: s2st_run.tgz = runs/s2st/data (the data stage of
 # `chorus_mini.py run --profile small --set answer_mode=stimulus`, built in session 5, plus data/val_sft and
 # data/tuning_tasks.jsonl, session 8) and dev_tasks.jsonl. A session's ship files go to .stage/ship1, ship2, ...
@@ -75,24 +76,29 @@ if [ "${PART:-}" = stage ]; then
   for s in $STAGES; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
 fi
 
+# pack NAME ARCHIVE-COMMAND: ARCHIVE-COMMAND writes a .tgz to stdout; packed once per session (or again with
+# SHIP_NEW=1) into ~/stage/NAME_out as 15 MB parts + NAME.sha256 (written last, only when every step worked);
+# a call returns four parts, FIRST..FIRST+3 (the device brings back 8 files and 64 MiB at most per call)
+pack() {
+  local name=$1 D=$S/$1_out; shift
+  if [ ! -f $D/$name.sha256 ] || [ "${SHIP_NEW:-0}" = 1 ]; then
+    rm -rf $D && mkdir -p $D
+    "$@" > $D/$name.tgz && (cd $D && sha256sum $name.tgz > sha.tmp && split -b 15000000 -d -a 2 $name.tgz $name.tgz.part \
+      && rm $name.tgz && mv sha.tmp $name.sha256) || { echo "pack $name: failed"; rm -rf $D; return 1; }
+  fi
+  local parts=($D/$name.tgz.part*) first=${FIRST:-0}
+  cp $D/$name.sha256 "${parts[@]:$first:4}" $OUT/
+  echo "$name: parts from $first (four at most) of ${#parts[@]}, $(du -cb "${parts[@]}" | tail -1 | cut -f1) bytes in all"
+  ls -la $OUT
+}
 if [ "${PART:-}" = ship ]; then
   # ship.tgz: what later stages need (the next session carries it back in .stage/shipN: the tracked tree plus the
   # carried files of one call stay under 64 MiB). Training checkpoints only with SHIP_CKPT=1.
-  D=$S/ship_out
-  if [ ! -f $D/ship.sha256 ] || [ "${SHIP_NEW:-0}" = 1 ]; then
-    rm -rf $D && mkdir -p $D
-    ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
-    [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
-    (cd $S/runs && tar czf $D/ship.tgz "${ex[@]}" s2st)
-    (cd $D && sha256sum ship.tgz > ship.sha256 && split -b 15000000 -d -a 2 ship.tgz ship.tgz.part && rm ship.tgz)
-  fi
-  parts=($D/ship.tgz.part*); first=${FIRST:-0}
-  cp $D/ship.sha256 "${parts[@]:$first:6}" $OUT/
-  echo "ship: parts $first..$(( first + 5 < ${#parts[@]} - 1 ? first + 5 : ${#parts[@]} - 1 )) of ${#parts[@]} (0-based) in \$OUT"
-  ls -la $OUT
+  ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
+  [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
+  pack ship tar czf - -C $S/runs "${ex[@]}" s2st
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
-  (cd $S/runs && find s2st -path '*/val_ckpt/*' -name 'adapter_*' | tar czf - -T -) | split -b 15000000 -d -a 2 - $OUT/val.tgz.part
-  ls -la $OUT
+  pack val bash -c "cd $S/runs && find s2st -path '*/val_ckpt/*' -name 'adapter_*' | tar czf - -T -"
 fi
