@@ -525,9 +525,10 @@ def _gqa_works(slot, m, B, n=1):
 # that each row sees the prompt and its own columns only; rotary positions stay per row (prompt length +
 # own step), and each row draws its own noise in its original order, so the tokens are the default
 # layout's (tests, fp32). Attention then reads prompt + G x new columns per group instead of
-# G x (prompt + new). The view lives in the same slot memory (U rows of up to R L / U columns); a batch
-# that does not come in equal groups, or does not fit, runs today's layout. Compaction is off in this
-# layout: finished rows keep decoding (their tokens are dropped) until the call's last row stops.
+# G x (prompt + new). The layout reads the slot's memory as R / G cache rows of G L columns; a batch
+# that does not come in equal groups runs today's layout. Compaction moves whole groups: a group leaves
+# when all its rows have stopped (a stopped row of a running group keeps decoding, its tokens dropped),
+# and the groups still running move to the first cache rows when they fit a smaller row bucket.
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
@@ -629,25 +630,32 @@ def _view(st, slot, b):
 
 
 def _shared_view(st, slot, U, G):
-    """The slot's memory as a shared-prefix view (section 4): U cache rows of Ls columns over the same
-    K/V storage (Ls: the most the slot's bytes hold, a multiple of BUCKET, so it depends only on the slot
-    and U and the view and its graphs are reused across calls), and the first U x G rows of the per-row
-    state. Its own buffers: key_ok [U, Ls] (prompt padding), mine [G, Ls] (the columns each member of a
-    group sees), pos0, ar, gj = arange(G). Cached; probes the fused attention with G queries per row."""
+    """The slot's memory as a shared-prefix view (section 4) of U cache rows. The slot's K/V storage is
+    read as R // G cache rows of G x L columns (the same bytes; a group's rows write G columns per step),
+    once per G (the base, kept under key (0, G)); a view of U groups is its first U cache rows, as _view
+    does for rows, so every view of one G shares the memory and compaction moves groups within it. Also
+    the first U x G rows of the per-row state, and the base's own buffers: key_ok [R // G, G L] (prompt
+    padding), mine [G, G L] (the columns each member of a group sees), pos0, ar, gj = arange(G). Cached;
+    probes the fused attention with G queries per cache row."""
     v = slot["sviews"].get((U, G))
     if v is None:
-        m, dev, nl = st["meta"], slot["k"].device, slot["k"].shape[0]
-        Ls = slot["R"] * slot["L"] // U // BUCKET * BUCKET
-        n = nl * U * m["hkv"] * Ls * m["d"]
+        base = slot["sviews"].get((0, G))
+        if base is None:
+            m, dev, nl = st["meta"], slot["k"].device, slot["k"].shape[0]
+            Ug, Ls = slot["R"] // G, G * slot["L"]
+            n = nl * Ug * m["hkv"] * Ls * m["d"]
+            base = {"k": slot["k"].view(-1)[:n].view(nl, Ug, m["hkv"], Ls, m["d"]),
+                    "v": slot["v"].view(-1)[:n].view(nl, Ug, m["hkv"], Ls, m["d"]), "L": Ls, "G": G,
+                    "ar": torch.arange(Ls, device=dev), "gj": torch.arange(G, device=dev),
+                    "key_ok": torch.ones(Ug, Ls, dtype=torch.bool, device=dev),
+                    "mine": torch.ones(G, Ls, dtype=torch.bool, device=dev),
+                    "pos0": torch.zeros(Ug, dtype=torch.long, device=dev)}
+            slot["sviews"][(0, G)] = base
         v = {key: slot[key] for key in ("pool", "cos", "sin", "col")}
         v.update({key: slot[key][:U * G] for key in ("tok", "pos", "noise")})
-        v.update(k=slot["k"].view(-1)[:n].view(nl, U, m["hkv"], Ls, m["d"]),
-                 v=slot["v"].view(-1)[:n].view(nl, U, m["hkv"], Ls, m["d"]), L=Ls, G=G,
-                 ar=torch.arange(Ls, device=dev), gj=torch.arange(G, device=dev),
-                 key_ok=torch.ones(U, Ls, dtype=torch.bool, device=dev),
-                 mine=torch.ones(G, Ls, dtype=torch.bool, device=dev),
-                 pos0=torch.zeros(U, dtype=torch.long, device=dev))
-        v["gqa"] = _gqa_works(v, m, U, G)
+        v.update({key: base[key] for key in ("L", "G", "ar", "gj", "mine")})
+        v.update(k=base["k"][:, :U], v=base["v"][:, :U], key_ok=base["key_ok"][:U], pos0=base["pos0"][:U])
+        v["gqa"] = _gqa_works(v, st["meta"], U, G)
         slot["sviews"][(U, G)] = v
     return v
 
@@ -787,6 +795,22 @@ def _compact(st, slot, keep, C, m, pads):
     return _view(st, slot, _row_bucket(n))
 
 
+def _compact_groups(st, slot, keep, C, G):
+    """Move the shared-prefix groups `keep` (cache rows, ascending) to the first cache rows: their K/V
+    columns 0..C-1 (C: columns written), prompt masks and their rows' state. Returns the view of the
+    group bucket they fit in (its filler groups hold earlier groups' finite data)."""
+    base, dev = slot["sviews"][(0, G)], slot["k"].device
+    keep_t, n = torch.tensor(keep, device=dev), len(keep)
+    for li in range(base["k"].shape[0]):   # one layer at a time: the temporary is one layer's rows
+        base["k"][li, :n, :, :C] = base["k"][li, keep_t, :, :C]
+        base["v"][li, :n, :, :C] = base["v"][li, keep_t, :, :C]
+    base["key_ok"][:n] = base["key_ok"][keep_t]
+    rows_t = torch.tensor([u * G + j for u in keep for j in range(G)], device=dev)
+    for key in ("tok", "pos"):
+        slot[key][:n * G] = slot[key][rows_t]
+    return _shared_view(st, slot, _row_bucket(n), G)
+
+
 def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p, eos, ticks,
                 ignore_stop, use_graphs, record, caps):
     B, R = len(batch), _row_bucket(len(batch))
@@ -881,6 +905,14 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                 running = [j for j, b in enumerate(live) if stops[b] is None]
                 if not running:
                     break
+                kept = sorted({j // G for j in running}) if groups else None   # groups with a row running
+                if COMPACT and groups and _row_bucket(len(kept)) < rows // G:     # finished groups leave
+                    live = [live[u * G + j] for u in kept for j in range(G)]
+                    view = _compact_groups(st, slot, kept, P + (n - 1) * G, G)
+                    live_t = torch.tensor(live, device=device)
+                    if sampling and not moved:
+                        draws = torch.empty(B, slot["noise"].shape[1], device=device)
+                    moved = True
                 if COMPACT and not groups and _row_bucket(len(running)) < rows:   # finished rows leave
                     live = [live[j] for j in running]
                     m = min(pads[b] for b in live) - shift

@@ -375,7 +375,7 @@ def test_slot_growth_keeps_the_memory_rule(monkeypatch):
 
 def _shared_run(pm, tok, prompts, monkeypatch, on, **kw):
     """fastgen.generate with the shared-prefix layout on or off (fresh slot, eager) -> (completions, record,
-    prefill rows, shared-prefix decode steps run)."""
+    prefill rows, shared-prefix decode steps run, groups kept at each group compaction)."""
     monkeypatch.setattr(fastgen, "SHARED_PREFIX", on)
     fastgen.free_fast_cache(pm)
     rows, prefill = [], fastgen._prefill
@@ -383,9 +383,12 @@ def _shared_run(pm, tok, prompts, monkeypatch, on, **kw):
                         prefill(st, slot, ids, b0, b1))
     steps, shared = [], fastgen._decode_step_shared
     monkeypatch.setattr(fastgen, "_decode_step_shared", lambda *a, **k: steps.append(1) or shared(*a, **k))
+    kept, compact = [], fastgen._compact_groups
+    monkeypatch.setattr(fastgen, "_compact_groups", lambda st, slot, keep, C, G: kept.append(list(keep)) or
+                        compact(st, slot, keep, C, G))
     record = []
     out = fastgen.generate(pm, tok, prompts, seed=13, batch_size=16, graphs=False, record=record, **kw)
-    return out, record, sum(rows), len(steps)
+    return out, record, sum(rows), len(steps), kept
 
 
 def test_shared_prefix_is_off_by_default_and_groups_rule():
@@ -402,33 +405,37 @@ def test_shared_prefix_is_off_by_default_and_groups_rule():
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_shared_prefix_greedy_equals_default_and_hf(arch, monkeypatch):
     """Three groups of 3 identical prompts of unequal lengths (rows interleaved, not group by group), rows of
-    a group capped at different steps: with the shared-prefix layout each prompt is prefilled once and
-    every row's greedy tokens equal the default layout's and HF generate's (cut at the row's cap)."""
+    a group capped at different steps, the first group done by the first stop check (it leaves: the
+    other two move to the first 2 cache rows): with the shared-prefix layout each prompt is prefilled once and every row's
+    greedy tokens equal the default layout's and HF generate's (cut at the row's cap)."""
     model, tok = common.tiny_model(0, arch=arch)
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
     _randomize_lora(pm, 9)
     base = [common.chat_ids(tok, m) for m in MSGS]
     prompts = base * 3                                    # rows p0 p1 p2 p0 p1 p2 ...
-    caps = [24, 24, 6, 11, 3, 24, 2, 17, 24]
+    caps = [6, 24, 24, 11, 3, 17, 2, 12, 24]              # group p0 (rows 0, 3, 6) ends by step 16
     kw = dict(max_new_tokens=24, temperature=0, top_p=1.0, ignore_stop=True, max_lens=caps)
-    on, rec, pre, steps = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
-    off, rec0, pre0, steps0 = _shared_run(pm, tok, prompts, monkeypatch, False, **kw)
+    on, rec, pre, steps, kept = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
+    off, rec0, pre0, steps0, _ = _shared_run(pm, tok, prompts, monkeypatch, False, **kw)
     assert len({len(p) for p in base}) == 3 and (pre, pre0) == (3, 3) and (steps, steps0) == (23, 0)
+    assert kept == [[1, 2]]
     assert [len(c.completion_ids) for c in on] == caps
     assert _tokens(on) == _tokens(off)
     hf = common._generate_hf(pm, tok, prompts, max_new_tokens=24, temperature=0, top_p=1.0, seed=0,
                              batch_size=16, ignore_stop=True)
     assert _tokens(on) == [c.completion_ids[:cap] for c, cap in zip(hf, caps)]
-    for a, b in zip(rec, rec0):      # same logits while a row runs (the default layout compacts: NaN after)
-        running = ~b.isnan().any(1)
-        assert not a.isnan().any() and running.sum() >= 3
-        torch.testing.assert_close(a[running], b[running], atol=1e-4, rtol=1e-4)
+    for step, (a, b) in enumerate(zip(rec, rec0)):   # same logits while both run a row (NaN: it left)
+        running = ~a.isnan().any(1)
+        assert running.tolist() == [step < 16 or b % 3 > 0 for b in range(9)]
+        both = running & ~b.isnan().any(1)
+        assert both.sum() >= 3
+        torch.testing.assert_close(a[both], b[both], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_shared_prefix_sampled_equals_default(fused, monkeypatch):
     """Sampling (temperature 1, top-p 0.9, one seed), two groups of 4 (rows interleaved) with a stop token
-    ending rows at different steps: each row draws its own noise in its original order, so the tokens equal the default
+    ending rows at different steps and caps that end the first group by the first check (it leaves): each row draws its own noise in its original order, so the tokens equal the default
     layout's (which compacts finished rows away; this layout keeps them), and the twins sample apart.
     fused: the one-call attention (torch's math kernel on CPU), else the two-matmul form."""
     from torch.nn.attention import SDPBackend
@@ -438,7 +445,8 @@ def test_shared_prefix_sampled_equals_default(fused, monkeypatch):
     pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
     _randomize_lora(pm, 3)
     prompts = [common.chat_ids(tok, m) for m in [MSGS[0], MSGS[2]] * 4]     # rows of the groups interleaved
-    kw = dict(max_new_tokens=40, temperature=1.0, top_p=0.9)
+    caps = [10, 40, 14, 40, 5, 40, 16, 40]
+    kw = dict(max_new_tokens=40, temperature=1.0, top_p=0.9, max_lens=caps)
     free = _shared_run(pm, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
     counts = {}
     for c in free:
@@ -446,10 +454,11 @@ def test_shared_prefix_sampled_equals_default(fused, monkeypatch):
             counts[t] = counts.get(t, 0) + 1
     stop_tok = max(counts, key=counts.get)                # ends most rows somewhere in the middle
     monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
-    on, _, pre, steps = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
+    on, _, pre, steps, kept = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
     slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
     off = _shared_run(pm, tok, prompts, monkeypatch, False, **kw)[0]
-    assert pre == 2 and steps > 0 and [v["gqa"] for v in slot["sviews"].values()] == [fused]
+    assert pre == 2 and steps > 0 and {v["gqa"] for u, v in slot["sviews"].items() if u[0]} == {fused}
+    assert kept == ([[1]] if any(len(c.completion_ids) > 16 for c in on[1::2]) else [])  # B runs on: A leaves
     assert _tokens(on) == _tokens(off)
     assert len({len(c.completion_ids) for c in on}) > 1 and any(not c.truncated for c in on)
     assert len({tuple(c.completion_ids[:3]) for c in on[::2]}) > 1
@@ -464,7 +473,7 @@ def test_shared_prefix_falls_back_when_the_batch_does_not_fit(monkeypatch):
     model, tok = common.tiny_model(0, arch="qwen2")
     prompts = [common.chat_ids(tok, m) for m in [MSGS[0]] * 3 + [MSGS[1]]]
     kw = dict(max_new_tokens=16, temperature=0, top_p=1.0, ignore_stop=True)
-    on, _, pre, steps = _shared_run(model, tok, prompts, monkeypatch, True, **kw)
+    on, _, pre, steps, _ = _shared_run(model, tok, prompts, monkeypatch, True, **kw)
     off = _shared_run(model, tok, prompts, monkeypatch, False, **kw)[0]
     slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
     assert (pre, steps, slot["sviews"]) == (2, 0, {})
