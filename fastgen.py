@@ -12,7 +12,8 @@ Sections:
      fence), left padding
   2. weights: packing the current weights (LoRA adapters folded in) into the buffers the graphs read
   3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling
-  4. the KV-cache slot (row buckets, shared prefill, compaction), graph capture, the generation loop
+  4. the KV-cache slot (row buckets, shared prefill, compaction, the shared-prefix layout), graph
+     capture, the generation loop
 """
 import dataclasses
 import math
@@ -528,7 +529,11 @@ def _gqa_works(slot, m, B, n=1):
 # G x (prompt + new). The layout reads the slot's memory as R / G cache rows of G L columns; a batch
 # that does not come in equal groups runs today's layout. Compaction moves whole groups: a group leaves
 # when all its rows have stopped (a stopped row of a running group keeps decoding, its tokens dropped),
-# and the groups still running move to the first cache rows when they fit a smaller row bucket.
+# and the groups still running move to the first cache rows when they fit a smaller row bucket. A
+# group's rows need not be adjacent in the batch (they run group by group and map back). The group's G
+# rows as G query positions (not G x hq query heads) keep the head layout of the fused call; its width
+# buckets grow G columns per step, so a call captures about G times as many graphs per prompt length.
+# Not yet timed on a GPU: bench/profile_decode.py --group 4 --shared-prefix.
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True

@@ -1,7 +1,8 @@
 """Tests of fastgen.py, the fast static-cache decoder: greedy tokens equal HF generate's (three
 architectures, LoRA adapters switched, a 4-bit base), sampled logits equal HF's forward, weights are
 repacked in place, the fused-attention fallbacks, the sampler's distribution, the stop rule, the memory
-estimate; shared prefill, compaction and the one reused slot keep every row's tokens. On CPU the decoder
+estimate; shared prefill, compaction and the one reused slot keep every row's tokens; the shared-prefix
+layout (off by default) gives the default layout's tokens, greedy and sampled, or falls back. On CPU the decoder
 runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
 
 Run: python -m pytest -q tests/test_fastgen.py
