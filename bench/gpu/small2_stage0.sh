@@ -11,6 +11,7 @@
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
+#   PART=prefix bash bench/gpu/small2_stage0.sh  # the shared-prefix decode layout timed against today's (~2 min)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
 #   every stage's process)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
@@ -109,6 +110,12 @@ if [ "${PART:-}" = cap ]; then
   CHORUS_GPU_CAP_GIB=24 timeout 60 "${CB[@]}" --stages data > $OUT/capbench_collect.log 2>&1
   tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
   for k in 0 1 2; do cp runs/capbench/4b/sft$k/log.jsonl $OUT/4b_sft${k}_log.jsonl 2>/dev/null; done
+fi
+if [ "${PART:-}" = prefix ]; then
+  # the shared-prefix decode layout (fastgen.SHARED_PREFIX, off by default) against today's, at RL's batch:
+  # 16 prompts x G 4 of ~4.6k tokens; then, if it is faster, RL steps with it on (MODES=stimulus PART=b)
+  TAIL=6 step profile_prefix 150 python3 bench/profile_decode.py --model $M --batch 64 --group 4 --new-tokens 256 \
+      --prompt-tokens 4500 --shared-prefix --out $OUT/profile_decode_prefix.json
 fi
 if [ "${PART:-}" = grad ]; then
   # Which kernel makes the 4b SFT gradient non-finite (session 8: every 4b SFT step skipped, loss finite):
