@@ -412,11 +412,18 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
             att = torch.matmul(p, vc)                                                    # [B, hkv, g, d]
         x = _lin(att.reshape(B, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
+    _sample_next(st, slot, x, temperature, top_p, record, 1)
+
+
+def _sample_next(st, slot, x, temperature, top_p, record, columns):
+    """The end of a decode step: logits of the last hidden states x [B, H], the next tokens sampled into
+    tok, col advanced by `columns` (1; G in the shared-prefix layout) and every row's rotary position by 1."""
+    W, m = st["W"], st["meta"]
     logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
     if record is not None:
         record.append(logits.clone())
     slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
-    slot["col"].add_(1)
+    slot["col"].add_(columns)
     slot["pos"].add_(1)
 
 
@@ -452,12 +459,7 @@ def _decode_step_shared(st, slot, Lb, temperature, top_p, record=None):
             att = torch.matmul(p, vc).view(U, hkv, G, g, d).permute(0, 2, 1, 3, 4)      # [U, G, hkv, g, d]
         x = _lin(att.reshape(B, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
-    logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
-    if record is not None:
-        record.append(logits.clone())
-    slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
-    slot["col"].add_(G)
-    slot["pos"].add_(1)
+    _sample_next(st, slot, x, temperature, top_p, record, G)
 
 
 # Attention kernels for GQA with a padding mask. cuDNN's fused kernel takes both without repeating K/V;

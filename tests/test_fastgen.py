@@ -302,6 +302,16 @@ def test_shared_prefill_and_compaction_keep_every_rows_tokens(temperature, monke
         assert len({tuple(c.completion_ids[:3]) for c in fast[:3]}) > 1   # twins still sample apart
 
 
+def _common_token(completions):
+    """The token (after the first) that the most completions hold: made the stop token, it ends most rows
+    somewhere in the middle."""
+    counts = {}
+    for c in completions:
+        for t in set(c.completion_ids[1:]):
+            counts[t] = counts.get(t, 0) + 1
+    return max(counts, key=counts.get)
+
+
 def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
     """Rows ending at a stop token (here: one frequent token made the EOS) leave the batch too, and each
     completion equals the plain path's, cut after its stop."""
@@ -309,11 +319,7 @@ def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
     prompts = _rl_like(tok)
     kw = dict(max_new_tokens=48, temperature=1.0, top_p=1.0)
     free = _run(model, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
-    counts = {}
-    for c in free:
-        for t in set(c.completion_ids[1:]):
-            counts[t] = counts.get(t, 0) + 1
-    stop_tok = max(counts, key=counts.get)             # ends most rows somewhere in the middle
+    stop_tok = _common_token(free)                     # ends most rows somewhere in the middle
     monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
     fast, _, _, views, _ = _run(model, tok, prompts, monkeypatch, True, **kw)
     plain = _run(model, tok, prompts, monkeypatch, False, **kw)[0]
@@ -449,11 +455,7 @@ def test_shared_prefix_sampled_equals_default(fused, monkeypatch):
     caps = [10, 40, 14, 40, 5, 40, 16, 40]
     kw = dict(max_new_tokens=40, temperature=1.0, top_p=0.9, max_lens=caps)
     free = _shared_run(pm, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
-    counts = {}
-    for c in free:
-        for t in set(c.completion_ids[1:]):
-            counts[t] = counts.get(t, 0) + 1
-    stop_tok = max(counts, key=counts.get)                # ends most rows somewhere in the middle
+    stop_tok = _common_token(free)                     # ends most rows somewhere in the middle
     monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
     on, _, pre, steps, kept = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
     slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
