@@ -147,7 +147,7 @@ PROFILES = {
         "opd_prompts": 1,          # prompts per step (authors' final script: 4)
         "opd_group": 2,            # G student samples per group (paper: 4)
         "opd_teacher_samples": 1,  # rollouts per teacher and group (final script: 1)
-        # validation during training (sft.py / rl.py / distill.py --val-*), on data/val_tasks.jsonl
+        # validation during training (sft.py / rl.py / distill.py --val-*), on the tuning tasks (tune_source)
         "train_val": False,        # on: SFT logs val/loss (teacher rows of the val tasks) and val/syn_pass per
                                    # validation and keeps each validated adapter; RL/OPD log val/reward and keep
                                    # OUT/best/adapter; the plateau is reported (issue 21's stopping points)
@@ -567,7 +567,7 @@ def data_cmds(c, o, model_path):
                         done=d / "pool" / "pool_stats.json"))
         argv = ["python", "chorus_mini.py", "mix-tasks", "--data", rel(d), "--real-val", c["real_val_tasks"]]
         cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
-    if c["train_val"]:   # the val tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
+    if c["train_val"]:   # the tuning tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
                          # before the training rows, whose done.json (= the stage's) comes last
         cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(tune_tasks(c, o)), "--out", rel(d / "val_sft"),
                          *opts(n=c["sft_tries"], rounds=0, fail_fraction=0, level=c["teacher_level"], seed=c["seed"],
@@ -618,7 +618,7 @@ def sft_cmd(c, o, model, data, init=None, name="sft0"):
 
 
 def sft_val_opts(c, o):
-    """sft.py's validation (train_val): val/loss on the val tasks' teacher rows, val/syn_pass on the val tasks."""
+    """sft.py's validation (train_val): val/loss on the tuning tasks' teacher rows, the rates on the tuning tasks."""
     if not c["train_val"]:
         return []
     return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(tune_tasks(c, o)),

@@ -256,15 +256,21 @@ def _rl_like(tok):
     return [common.chat_ids(tok, m) for m in msgs]
 
 
+def _spy_prefill(monkeypatch):
+    """fastgen._prefill, recording the rows of every call into the returned list."""
+    rows, prefill = [], fastgen._prefill
+    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
+                        prefill(st, slot, ids, b0, b1))
+    return rows
+
+
 def _run(pm, tok, prompts, monkeypatch, fast_paths, **kw):
     """fastgen.generate with shared prefill and compaction on or off; -> (completions, record, prefill rows,
     row counts of the views used, left columns dropped at each compaction)."""
     monkeypatch.setattr(fastgen, "SHARE_PREFILL", fast_paths)
     monkeypatch.setattr(fastgen, "COMPACT", fast_paths)
     fastgen.free_fast_cache(pm)
-    rows, prefill = [], fastgen._prefill
-    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
-                        prefill(st, slot, ids, b0, b1))
+    rows = _spy_prefill(monkeypatch)
     drops, compact = [], fastgen._compact
     monkeypatch.setattr(fastgen, "_compact", lambda st, slot, keep, C, m, pads: drops.append(m) or
                         compact(st, slot, keep, C, m, pads))
@@ -385,9 +391,7 @@ def _shared_run(pm, tok, prompts, monkeypatch, on, **kw):
     prefill rows, shared-prefix decode steps run, groups kept at each group compaction)."""
     monkeypatch.setattr(fastgen, "SHARED_PREFIX", on)
     fastgen.free_fast_cache(pm)
-    rows, prefill = [], fastgen._prefill
-    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
-                        prefill(st, slot, ids, b0, b1))
+    rows = _spy_prefill(monkeypatch)
     steps, shared = [], fastgen._decode_step_shared
     monkeypatch.setattr(fastgen, "_decode_step_shared", lambda *a, **k: steps.append(1) or shared(*a, **k))
     kept, compact = [], fastgen._compact_groups
