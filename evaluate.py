@@ -245,10 +245,8 @@ def bootstrap_ci(values, seed=0, n_boot=1000, level=0.95):
     values = np.asarray(values, dtype=float)
     if n_boot <= 0 or len(values) == 0:
         return None
-    idx = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
-    means = values[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
-    return [float(lo), float(hi)]
+    return paired_bootstrap(values[:, None], lambda a: a[..., 0].mean(axis=-1), seed=seed, n_boot=n_boot,
+                            level=level)["ci95"]
 
 
 FAILURE_GROUPS = {"no_code": "parse", "truncated": "parse", "compile_error": "compile", "rejected": "compile",
