@@ -66,6 +66,67 @@ def one_pass(model, batch, kernel, device, use_bf16):
             "finite": math.isfinite(norm), "nonfinite_params": bad}
 
 
+def scan_weights(folder, top=8):
+    """Per-tensor max |w| and non-finite counts of an HF folder's safetensors (the random 4B model is built on the
+    GPU: a tensor the initialiser missed would hold whatever memory it got)."""
+    from safetensors import safe_open
+    rows = []
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                t = st.get_tensor(k).float()
+                fin = torch.isfinite(t)
+                rows.append({"name": k, "shape": list(t.shape), "nonfinite": int((~fin).sum()),
+                             "max_abs": float(t[fin].abs().max()) if fin.any() else None,
+                             "std": float(t[fin].std()) if fin.sum() > 1 else None})
+    rows.sort(key=lambda r: (-r["nonfinite"], -(r["max_abs"] or 0)))
+    return {"tensors": len(rows), "with_nonfinite": sum(r["nonfinite"] > 0 for r in rows), "top": rows[:top]}
+
+
+def trace_pass(model, batch, device, use_bf16, first=12):
+    """One default-kernel pass without checkpointing, hooks on every module: the largest |output| per module in the
+    forward, and in the backward (in the order the gradients arrive) the first module outputs whose gradient is
+    non-finite, with the last finite ones before them. The module that turns a finite output gradient into a
+    non-finite one is a consumer of the first listed output."""
+    fwd, bwd, handles = {}, [], []
+
+    def tensors(o):
+        return [o] if torch.is_tensor(o) else [t for t in (o if isinstance(o, (tuple, list)) else []) if torch.is_tensor(t)]
+
+    def on_forward(name):
+        def hook(mod, inp, out):
+            for i, t in enumerate(tensors(out)):
+                if not t.is_floating_point():
+                    continue
+                d = t.detach()
+                fin = torch.isfinite(d)
+                fwd[f"{name}[{i}]"] = {"max_abs": float(d[fin].abs().max()) if fin.any() else None,
+                                       "nonfinite": int((~fin).sum())}
+                if t.requires_grad:
+                    t.register_hook(lambda g, key=f"{name}[{i}]": bwd.append(
+                        (key, bool(torch.isfinite(g).all()), float(g.float().abs().nan_to_num(0, 0, 0).max()))))
+        return hook
+
+    for name, mod in model.named_modules():
+        if name:
+            handles.append(mod.register_forward_hook(on_forward(name)))
+    try:
+        model.gradient_checkpointing_disable()
+        set_kernel(model, "default")
+        summary = one_pass(model, batch, "default", device, use_bf16)
+    finally:
+        for h in handles:
+            h.remove()
+    bad = [i for i, (_, ok, _) in enumerate(bwd) if not ok]
+    start = max(bad[0] - 4, 0) if bad else 0
+    order = [{"output": k, "grad_finite": ok, "grad_max_abs": m} for k, ok, m in bwd[start:start + first]]
+    fwd_top = sorted(fwd.items(), key=lambda kv: -(float("inf") if kv[1]["max_abs"] is None else kv[1]["max_abs"]))[:first]
+    return {"pass": summary, "backward_records": len(bwd), "first_nonfinite_at": bad[0] if bad else None,
+            "backward_around_first_nonfinite": order,
+            "forward_nonfinite": [k for k, v in fwd.items() if v["nonfinite"]][:first],
+            "forward_largest": [{"output": k, **v} for k, v in fwd_top]}
+
+
 def set_kernel(model, kernel):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation("eager" if kernel == "eager" else "sdpa")
@@ -88,6 +149,9 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=1, help="rows in the batch (right-padded, as sft.py batches them)")
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    p.add_argument("--trace", action="store_true",
+                   help="also one pass with hooks on every module: largest forward outputs and where the backward "
+                        "first turns non-finite; and (an HF folder) the weights' largest / non-finite tensors")
     p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args(argv)
     if not args.tiny and not args.data:
@@ -142,11 +206,19 @@ def main(argv=None):
         print(f"{name:14s} " + (r["error"] if "error" in r else
               f"loss {r['loss']:.4f}  grad norm {r['grad_norm']}  non-finite params {r['nonfinite_params']['count']}"
               + (f" (first {r['nonfinite_params']['first']})" if r["nonfinite_params"]["count"] else "")))
+    trace = None
+    if args.trace:
+        trace = trace_pass(model, batch, device, use_bf16)
+        if args.model and Path(args.model).is_dir():
+            trace["weights"] = scan_weights(args.model)
+        print(json.dumps(trace, indent=1)[:6000])
     out = {"bench": "grad_check", "command": "python " + " ".join(sys.argv), "git": common.git_info(),
            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
            "versions": {"torch": torch.__version__}, "model": "tiny" if args.tiny else args.model,
            "quant": args.quant, "rows": len(encoded), "tokens": int(batch["input_ids"].numel()),
            "seconds": round(time.time() - t0, 1), "variants": results}
+    if trace:
+        out["trace"] = trace
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))

@@ -11,6 +11,7 @@
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
+#   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite, nf4 and bf16 base (~2.5 min)
 #   PART=prefix bash bench/gpu/small2_stage0.sh  # the shared-prefix decode layout timed against today's (~2 min)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
 #   every stage's process)
@@ -137,5 +138,16 @@ if [ "${PART:-}" = grad ]; then
   step sft_noval_noprobe 100 "${S0[@]}" --out runs/grad/noval_noprobe --max-tokens-per-micro 16384
   for r in as_run noval noval_noprobe; do cp runs/grad/$r/log.jsonl $OUT/grad_sft_$r.jsonl 2>/dev/null; done
   tail -n 3 $OUT/grad_sft_*.jsonl | cut -c1-400
+fi
+if [ "${PART:-}" = trace ]; then
+  # Session 9: every kernel gave the same non-finite gradient (PART=grad), so: where in the backward does it turn
+  # non-finite, with the nf4 base and with the bf16 base, and do the random weights hold anything odd
+  F=runs/capbench/qwen3_4b_random D=runs/capbench/4b/data
+  [ -f $D/stage0.jsonl ] || TAIL=2 step grad_data 120 python3 bench/bench_pipeline_cap.py --profiles 4b --model-small $M \
+      --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json $OUT/grad_data.json --sim-workers 7 --stages data
+  for q in 4bit none; do
+    TAIL=40 step trace_$q 150 python3 bench/grad_check.py --model $F --quant $q --data $D/stage0.jsonl --rows 1 \
+        --kernels default --trace --out $OUT/grad_trace_$q.json
+  done
 fi
 ls -la $OUT
