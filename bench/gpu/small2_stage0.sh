@@ -145,7 +145,7 @@ if [ "${PART:-}" = trace ]; then
   F=runs/capbench/qwen3_4b_random D=runs/capbench/4b/data
   [ -f $D/stage0.jsonl ] || TAIL=2 step grad_data 120 python3 bench/bench_pipeline_cap.py --profiles 4b --model-small $M \
       --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json $OUT/grad_data.json --sim-workers 7 --stages data
-  for q in 4bit none; do
+  for q in 4bit none fp32; do
     TAIL=40 step trace_$q 150 python3 bench/grad_check.py --model $F --quant $q --data $D/stage0.jsonl --rows 1 \
         --kernels default --trace --out $OUT/grad_trace_$q.json
   done
