@@ -14,7 +14,8 @@ What it does, in order:
     sized as on a 24 GB card.
  2. `4b`: writes a RANDOM model with Qwen3-4B's configuration (QWEN3_4B below, from Qwen/Qwen3-4B's public
     config.json; nothing is downloaded) and SmolLM2's tokenizer and vocabulary (the kit's embedded GGUF)
-    as a bf16 HF folder in OUT/qwen3_4b_random (kept: a re-run reuses it); the 4b profile loads it with
+    as a bf16 HF folder in OUT/qwen3_4b_random, every weight drawn on CPU from one seed and checked (kept: a
+    re-run reuses it); the 4b profile loads it with
     quant=4bit (nf4 base via bitsandbytes, LoRA).
     `small`: the SmolLM2-135M GGUF (--model-small, default the embedded one).
  3. Runs `python chorus_mini.py run --profile P --out OUT/P --set ...` at tiny budgets (BUDGETS below: a few
@@ -94,13 +95,66 @@ def budget_sets(profile, args):
 # -----------------------------------------------------------------------------
 # The 4B-shaped random model
 
-def build_qwen3_4b(folder, tokenizer_source):
-    """A random Qwen3-4B-shaped model (bf16, initialised on the GPU when there is one) with the tokenizer of
-    `tokenizer_source` (an HF folder), saved as an HF folder. Skipped when folder/config.json exists."""
+BUILD_VERSION = 2     # 1 (session 8): built on the GPU by transformers' own init; its SFT gradients overflowed
+
+
+def init_random_weights(model, std=0.02, seed=0):
+    """Every weight of `model` drawn here, on CPU, from one seeded generator: linear and embedding matrices
+    N(0, std), norm weights 1, biases 0. The 4B folder then does not depend on the transformers version or the
+    device that built it (session 9: a folder built on the H200 by transformers 5.17's initialiser gave gradients
+    that grew ~500x per layer and overflowed in the backward of every 4b SFT step, in every attention kernel and
+    precision; CPU-initialised weights of the same shape give finite ones that shrink with depth)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(std).to(p.dtype))
+            elif "norm" in name.rsplit(".", 2)[-2]:
+                p.fill_(1.0)
+            else:
+                p.zero_()
+
+
+def weight_stats(named_tensors):
+    """{kind: {"tensors", "std": mean of the per-tensor std, "max_abs": largest |w|, "nonfinite": count}} over
+    (name, tensor) pairs (a model's named_parameters(), a safetensors file's tensors), grouped by the name's
+    last two parts (q_proj.weight, q_norm.weight, ...: one row for all layers)."""
+    import torch
+    out = {}
+    for name, p in named_tensors:
+        kind = ".".join(name.split(".")[-2:])
+        w = p.detach().float()
+        fin = torch.isfinite(w)
+        r = out.setdefault(kind, {"tensors": 0, "std_sum": 0.0, "max_abs": 0.0, "nonfinite": 0})
+        r["tensors"] += 1
+        r["std_sum"] += float(w[fin].std()) if fin.sum() > 1 else 0.0
+        r["max_abs"] = max(r["max_abs"], float(w[fin].abs().max()) if fin.any() else 0.0)
+        r["nonfinite"] += int((~fin).sum())
+    return {k: {"tensors": r["tensors"], "std": round(r["std_sum"] / r["tensors"], 5), "max_abs": round(r["max_abs"], 4),
+                "nonfinite": r["nonfinite"]} for k, r in sorted(out.items())}
+
+
+def check_init(stats, std):
+    """Raise unless every matrix has a per-tensor std within 10 % of `std`, norms are exactly 1, and nothing is
+    non-finite: what a random folder must hold before a stage trains on it."""
+    bad = [f"{k}: {r}" for k, r in stats.items() if r["nonfinite"]
+           or ("norm" in k and not (r["std"] == 0 and r["max_abs"] == 1.0))
+           or ("norm" not in k and r["std"] and abs(r["std"] / std - 1) > 0.1)]
+    if bad:
+        raise RuntimeError("the random model's weights are not as initialised: " + "; ".join(bad[:4]))
+
+
+def build_qwen3_4b(folder, tokenizer_source, seed=0):
+    """A random Qwen3-4B-shaped model (bf16, every weight drawn on CPU by init_random_weights) with the
+    tokenizer of `tokenizer_source` (an HF folder), saved as an HF folder with build.json (the weight statistics).
+    Reused when folder/build.json has this BUILD_VERSION, else rebuilt."""
     folder = Path(folder)
-    if (folder / "config.json").is_file():
+    built = common_read(folder / "build.json") or {}
+    if built.get("version") == BUILD_VERSION and (folder / "config.json").is_file():
         print(f"[capbench] reusing {folder}")
-        return {"built": False, "build_s": 0.0}
+        return {"built": False, "build_s": 0.0, "init": built.get("init")}
+    import shutil
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
     t0 = time.time()
@@ -113,26 +167,22 @@ def build_qwen3_4b(folder, tokenizer_source):
         cfg = Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": QWEN3_4B["rope_theta"]}, **shape, **ids)
     except TypeError:   # a transformers without rope_parameters
         cfg = Qwen3Config(rope_theta=QWEN3_4B["rope_theta"], **shape, **ids)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    print(f"[capbench] building a random Qwen3-4B-shaped model (vocab {len(tok)}) on {device} -> {folder}")
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    print(f"[capbench] building a random Qwen3-4B-shaped model (vocab {len(tok)}) on CPU -> {folder}")
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)     # on CPU; its weights are redrawn
+    init_random_weights(model, std=cfg.initializer_range, seed=seed)
+    stats = weight_stats(model.named_parameters())
+    check_init(stats, cfg.initializer_range)
     tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    info = {"built": True, "build_s": round(time.time() - t0, 1), "params": sum(p.numel() for p in model.parameters()),
+            "init": f"init_random_weights(std={cfg.initializer_range}, seed={seed}) on CPU", "version": BUILD_VERSION}
+    (tmp / "build.json").write_text(json.dumps({**info, "weights": stats}, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
-    n = sum(p.numel() for p in model.parameters())
     del model
-    if device == "cuda":
-        torch.cuda.empty_cache()      # the stages that follow get the GPU back
-    return {"built": True, "build_s": round(time.time() - t0, 1), "params": n}
-
-
-def small_model_folder(model_small):
-    """The SmolLM2 HF folder (the GGUF converted once by common) whose tokenizer the 4B model uses."""
-    path = model_small or common.default_model_path()
-    return common.gguf_to_hf_folder(path) if str(path).endswith(".gguf") else str(path)
+    return info
 
 
 # -----------------------------------------------------------------------------
@@ -150,13 +200,24 @@ def stage_record(folder):
         if gp:
             peaks.append({"file": str(res.relative_to(folder)), **gp})
     top = lambda k: max((p[k] for p in peaks if p.get(k) is not None), default=None)
+    steps = nonfinite = 0             # training steps logged (sft/rl/distill log.jsonl) and those with an inf/NaN gradient
+    for lg in sorted(folder.rglob("log.jsonl")):
+        for line in lg.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "skipped_nonfinite" in row:
+                steps += 1
+                nonfinite += bool(row["skipped_nonfinite"])
     log = folder / "stdout.log"       # a stage that started and did not finish: its last lines, to diagnose
     tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if (not done and log.is_file()) else None
     return {"status": "done" if done else ("partial" if folder.is_dir() else "missing"), "log_tail": tail,
             "seconds": done.get("seconds") if done else None,
             "peak_reserved_gib": top("max_memory_reserved_gib"), "peak_allocated_gib": top("max_memory_allocated_gib"),
             "nvidia_smi_peak_mib": done.get("gpu_mem_peak_mib") if done else None,
-            "peak_rss_mib": done.get("peak_rss_mib") if done else None, "processes": peaks}
+            "peak_rss_mib": done.get("peak_rss_mib") if done else None,
+            "train_steps": steps or None, "nonfinite_steps": nonfinite if steps else None, "processes": peaks}
 
 
 LOG_TAIL = 25     # lines of a stage's stdout.log kept in the JSON when the stage did not finish
@@ -175,6 +236,7 @@ def collect(run_dir, stages, cap_gib):
     recs = {s: stage_record(Path(run_dir) / s) for s in stages}
     reserved = [r["peak_reserved_gib"] for r in recs.values() if r["peak_reserved_gib"] is not None]
     return {"stages": recs, "all_done": all(r["status"] == "done" for r in recs.values()),
+            "nonfinite_steps": sum(r.get("nonfinite_steps") or 0 for r in recs.values()),
             "seconds_total": round(sum(r["seconds"] or 0 for r in recs.values()), 1),
             "max_peak_reserved_gib": max(reserved, default=None),
             "fits_cap": None if not reserved or not cap_gib else max(reserved) <= cap_gib}
@@ -203,12 +265,16 @@ def render_markdown(result):
               f"{'all stages done' if p['all_done'] else 'NOT all stages done'}; {p['seconds_total']} s in stages, "
               f"max peak reserved {p['max_peak_reserved_gib']} GiB"
               + ("" if p.get("fits_cap") is None else f" ({'fits' if p['fits_cap'] else 'over'} the cap)")
-              + (f"; exit code {p['exit_code']}" if p.get("exit_code") else ""), "",
-              "| stage | status | s | peak reserved GiB | peak allocated GiB | nvidia-smi MiB |", "|---|---|---|---|---|---|"]
+              + (f"; exit code {p['exit_code']}" if p.get("exit_code") else "")
+              + (f"; **{p['nonfinite_steps']} training steps had a non-finite gradient (no update)**"
+                 if p.get("nonfinite_steps") else ""), "",
+              "| stage | status | s | peak reserved GiB | peak allocated GiB | nvidia-smi MiB | steps with a non-finite gradient |",
+              "|---|---|---|---|---|---|---|"]
         f = lambda v: "-" if v is None else str(v)
         for s, r in p["stages"].items():
             L.append(f"| {s} | {r['status']} | {f(r['seconds'])} | {f(r['peak_reserved_gib'])} | "
-                     f"{f(r['peak_allocated_gib'])} | {f(r['nvidia_smi_peak_mib'])} |")
+                     f"{f(r['peak_allocated_gib'])} | {f(r['nvidia_smi_peak_mib'])} | "
+                     + (f"{r['nonfinite_steps']} of {r['train_steps']}" if r.get("train_steps") else "-") + " |")
         L.append("")
         for s, r in p["stages"].items():
             if r.get("log_tail"):

@@ -26,6 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402
 import sft  # noqa: E402
 
@@ -66,21 +67,18 @@ def one_pass(model, batch, kernel, device, use_bf16):
             "finite": math.isfinite(norm), "nonfinite_params": bad}
 
 
-def scan_weights(folder, top=8):
-    """Per-tensor max |w| and non-finite counts of an HF folder's safetensors (the random 4B model is built on the
-    GPU: a tensor the initialiser missed would hold whatever memory it got)."""
+def scan_weights(folder):
+    """bench_pipeline_cap.weight_stats of an HF folder's safetensors, one row per kind of tensor (the random 4B
+    model: were its weights drawn as intended?)."""
     from safetensors import safe_open
-    rows = []
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                t = st.get_tensor(k).float()
-                fin = torch.isfinite(t)
-                rows.append({"name": k, "shape": list(t.shape), "nonfinite": int((~fin).sum()),
-                             "max_abs": float(t[fin].abs().max()) if fin.any() else None,
-                             "std": float(t[fin].std()) if fin.sum() > 1 else None})
-    rows.sort(key=lambda r: (-r["nonfinite"], -(r["max_abs"] or 0)))
-    return {"tensors": len(rows), "with_nonfinite": sum(r["nonfinite"] > 0 for r in rows), "top": rows[:top]}
+    from bench_pipeline_cap import weight_stats
+
+    def tensors():
+        for f in sorted(Path(folder).glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    yield k, st.get_tensor(k)
+    return weight_stats(tensors())
 
 
 def trace_pass(model, batch, device, use_bf16, first=12):
@@ -149,6 +147,10 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=1, help="rows in the batch (right-padded, as sft.py batches them)")
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    p.add_argument("--no-autocast", action="store_true",
+                   help="on CUDA too, no bf16 autocast (with --quant fp32: every matmul in fp32)")
+    p.add_argument("--random-tokens", action="store_true",
+                   help="the rows' token ids replaced by uniform random ones (same length and target positions)")
     p.add_argument("--trace", action="store_true",
                    help="also one pass with hooks on every module: largest forward outputs and where the backward "
                         "first turns non-finite; and (an HF folder) the weights' largest / non-finite tensors")
@@ -177,7 +179,12 @@ def main(argv=None):
         raise SystemExit(f"grad_check.py: no row of {args.data} fits --max-len {args.max_len}")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     batch = sft.collate(encoded, pad_id)
-    use_bf16 = device.type == "cuda"
+    if args.random_tokens:      # the same shape and target positions, token ids drawn uniformly (bench_4b's input)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, len(tok), batch["input_ids"].shape, generator=g)
+        batch["input_ids"] = torch.where(batch["attention_mask"].bool(), ids, batch["input_ids"])
+        batch["labels"] = torch.where(batch["labels"] == sft.IGNORE, batch["labels"], batch["input_ids"])
+    use_bf16 = device.type == "cuda" and not args.no_autocast
     kernels = [k for k in args.kernels if device.type == "cuda" or k != "no_cudnn"]
     results = {}
     model.train()
@@ -215,7 +222,8 @@ def main(argv=None):
     out = {"bench": "grad_check", "command": "python " + " ".join(sys.argv), "git": common.git_info(),
            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
            "versions": {"torch": torch.__version__}, "model": "tiny" if args.tiny else args.model,
-           "quant": args.quant, "rows": len(encoded), "tokens": int(batch["input_ids"].numel()),
+           "quant": args.quant, "autocast_bf16": use_bf16, "random_tokens": args.random_tokens, "rows": len(encoded),
+           "tokens": int(batch["input_ids"].numel()),
            "seconds": round(time.time() - t0, 1), "variants": results}
     if trace:
         out["trace"] = trace

@@ -116,6 +116,52 @@ def test_a_stage_that_did_not_finish_keeps_the_end_of_its_log(tmp_path):
     assert rec["log_tail"][-1] == "MergeError: boom" and len(rec["log_tail"]) == capbench.LOG_TAIL
 
 
+def test_collect_counts_training_steps_whose_gradient_was_not_finite(tmp_path):
+    """Session 8's 4b SFT steps were all skipped (a finite loss, a NaN gradient) and the table did not say so."""
+    (tmp_path / "sft0").mkdir()
+    (tmp_path / "sft0" / "done.json").write_text(json.dumps({"seconds": 3.0}))
+    (tmp_path / "sft0" / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"step": 0, "val": 1}, {"step": 1, "skipped_nonfinite": 1}, {"step": 2, "skipped_nonfinite": 0},
+        {"step": 3, "skipped_nonfinite": 1}]) + "\nnot json\n")
+    (tmp_path / "rl0" / "ckpt").mkdir(parents=True)     # rl logs a count of mini-batches per step
+    (tmp_path / "rl0" / "log.jsonl").write_text(json.dumps({"step": 1, "skipped_nonfinite": 0}) + "\n")
+    rec = capbench.collect(tmp_path, ["sft0", "rl0", "merge"], 24)
+    assert (rec["stages"]["sft0"]["train_steps"], rec["stages"]["sft0"]["nonfinite_steps"]) == (3, 2)
+    assert (rec["stages"]["rl0"]["train_steps"], rec["stages"]["rl0"]["nonfinite_steps"]) == (1, 0)
+    assert rec["stages"]["merge"]["train_steps"] is None and rec["nonfinite_steps"] == 2
+    md = capbench.render_markdown({"hardware": {"gpu": None}, "command": "c", "git": {}, "started_at": "t", "wall_s": 1,
+                                   "profiles": {"4b": {"model_note": "m", "sets": [], "exit_code": 0, **rec}}})
+    assert "| sft0 | done | 3.0 | - | - | - | 2 of 3 |" in md and "2 training steps had a non-finite gradient" in md
+
+
+def _tiny_qwen3():
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=300, tie_word_embeddings=True)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
+def test_the_random_model_weights_are_drawn_from_the_seed_and_checked():
+    a, b = _tiny_qwen3(), _tiny_qwen3()
+    capbench.init_random_weights(a, std=0.02, seed=3)
+    capbench.init_random_weights(b, std=0.02, seed=3)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), n                  # the seed decides every weight, whatever init ran before
+    stats = capbench.weight_stats(a.named_parameters())
+    assert stats["q_norm.weight"] == {"tensors": 2, "std": 0.0, "max_abs": 1.0, "nonfinite": 0}
+    assert stats["down_proj.weight"]["tensors"] == 2 and abs(stats["down_proj.weight"]["std"] - 0.02) < 0.002
+    assert stats["embed_tokens.weight"]["tensors"] == 1          # the tied lm_head is the same tensor
+    capbench.check_init(stats, 0.02)
+    with torch.no_grad():
+        a.model.layers[1].mlp.up_proj.weight.mul_(10)
+    with pytest.raises(RuntimeError, match="up_proj.weight"):
+        capbench.check_init(capbench.weight_stats(a.named_parameters()), 0.02)
+    with torch.no_grad():
+        b.model.layers[0].self_attn.k_norm.weight[0] = float("nan")
+    with pytest.raises(RuntimeError, match="k_norm.weight"):
+        capbench.check_init(capbench.weight_stats(b.named_parameters()), 0.02)
+
+
 def test_budget_sets_are_valid_profile_overrides():
     import chorus_mini
     args = capbench.parse_args(["--eval-tasks", "x.jsonl", "--set", "sim_workers=3"])

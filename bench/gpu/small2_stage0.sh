@@ -140,14 +140,19 @@ if [ "${PART:-}" = grad ]; then
   tail -n 3 $OUT/grad_sft_*.jsonl | cut -c1-400
 fi
 if [ "${PART:-}" = trace ]; then
-  # Session 9: every kernel gave the same non-finite gradient (PART=grad), so: where in the backward does it turn
-  # non-finite, with the nf4 base and with the bf16 base, and do the random weights hold anything odd
+  # Session 9: every kernel gave the same non-finite gradient (PART=grad); the trace found a finite forward and a
+  # backward gradient growing ~500x per layer from layer 35 down, overflowing at layer 21, with an nf4, bf16 or fp32
+  # base, on a folder built on the GPU by transformers' initialiser. The folder is now drawn on CPU from a seed
+  # (bench_pipeline_cap.init_random_weights, checked): (1) as the 4b profile runs it, (2) fp32 weights and no
+  # autocast, (3) the same rows' token ids made random (bench_4b's finite SFT step used random tokens).
   F=runs/capbench/qwen3_4b_random D=runs/capbench/4b/data
-  [ -f $D/stage0.jsonl ] || TAIL=2 step grad_data 120 python3 bench/bench_pipeline_cap.py --profiles 4b --model-small $M \
-      --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json $OUT/grad_data.json --sim-workers 7 --stages data
-  for q in 4bit none fp32; do
-    TAIL=40 step trace_$q 150 python3 bench/grad_check.py --model $F --quant $q --data $D/stage0.jsonl --rows 1 \
-        --kernels default --trace --out $OUT/grad_trace_$q.json
+  [ -f $D/stage0.jsonl ] && [ -f $F/build.json ] || TAIL=2 step grad_data 150 python3 bench/bench_pipeline_cap.py \
+      --profiles 4b --model-small $M --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json $OUT/grad_data.json \
+      --sim-workers 7 --stages data
+  cp $F/build.json $OUT/build_4b.json
+  for v in "4bit:--quant 4bit" "fp32_noautocast:--quant fp32 --no-autocast" "4bit_random:--quant 4bit --random-tokens"; do
+    TAIL=8 step trace_${v%%:*} 150 python3 bench/grad_check.py --model $F ${v#*:} --data $D/stage0.jsonl --rows 1 \
+        --kernels default --trace --out $OUT/grad_trace_${v%%:*}.json
   done
 fi
 ls -la $OUT
