@@ -6,10 +6,12 @@
 # Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives):
 #   PART=setup   bash bench/gpu/small2_stage0.sh   carry .stage/g1 .stage/s1   wheels, .debs, GGUF part 1
 #   PART=stash   bash bench/gpu/small2_stage0.sh   carry .stage/g2             GGUF part 2
-#   PART=stash   bash bench/gpu/small2_run.sh      carry .stage/shipN          earlier sessions' ship parts (2 x 15 MB
-#                                                  fit one call beside the tracked tree), as many calls as needed
-#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3 .stage/run8 GGUF part 3, the run's data, then
-#                                                  the ship parts joined (checked against ship.sha256) and unpacked
+#   PART=stash   bash bench/gpu/small2_run.sh      carry .stage/shipN .stage/run8  earlier sessions' ship parts (2 x
+#                                                  15 MB fit one call beside the tracked tree; run8 in the first),
+#                                                  as many calls as needed
+#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3             GGUF part 3, then the run's data and the
+#                                                  ship parts joined (checked against ship.sha256) and unpacked
+# (the tracked tree is ~25 MB and a call carries 64 MiB in all: g3 + run8 + the tree no longer fit one call)
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
@@ -37,14 +39,15 @@ RUN=(--set sft_pick=best --set rl_steps=300 --set rl_min_steps=100 --set rl_stop
 SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus
       "${RUN[@]}" ${EXTRA:-})
 
-mkdir -p $S/g1 $S/ship && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
+mkdir -p $S/g1 $S/ship $S/run8 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
 cp .stage/ship*/ship.tgz.part* .stage/ship*/ship.sha256 $S/ship/ 2>/dev/null   # ship parts, over as many calls as needed
-[ "${PART:-}" = stash ] && { ls $S/ship; exit 0; }
+cp .stage/run8/* $S/run8/ 2>/dev/null      # the run's data may travel in a stash call too (restore reads ~/stage/run8)
+[ "${PART:-}" = stash ] && { ls $S/ship $S/run8; exit 0; }
 if [ "${PART:-}" = restore ]; then
   [ -f $M ] || cat $S/g1/gguf.part* > $M
   echo "gguf sha256 $(sha256sum $M | cut -c1-16)"
   mkdir -p $S/runs
-  tar xzf .stage/run8/s2st_run.tgz -C $S/runs && cp .stage/run8/dev_tasks.jsonl $S/runs/
+  tar xzf $S/run8/s2st_run.tgz -C $S/runs && cp $S/run8/dev_tasks.jsonl $S/runs/
   if ls $S/ship/ship.tgz.part* >/dev/null 2>&1; then
     cat $S/ship/ship.tgz.part* > $S/ship.tgz
     (cd $S && sha256sum -c ship/ship.sha256) || { echo "restore: ship parts missing or corrupt"; exit 1; }
