@@ -12,8 +12,7 @@ Sections:
      fence), left padding
   2. weights: packing the current weights (LoRA adapters folded in) into the buffers the graphs read
   3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling
-  4. the KV-cache slot (row buckets, shared prefill, compaction, the shared-prefix layout), graph
-     capture, the generation loop
+  4. the KV-cache slot (row buckets, shared prefill, compaction), graph capture, the generation loop
 """
 import dataclasses
 import math
@@ -389,8 +388,6 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     """One token for every row, all state in slot buffers (graph-capturable: fixed shapes, no host
     sync): reads tok [B] at cache column col [1] / rotary position pos [B], writes K/V at col, attends
     to columns < Lb that are real and <= col, samples into tok, advances col and pos."""
-    if "G" in slot:                      # a shared-prefix view (section 4)
-        return _decode_step_shared(st, slot, Lb, temperature, top_p, record)
     W, m = st["W"], st["meta"]
     B = slot["tok"].shape[0]
     cos, sin = slot["cos"][slot["pos"]][:, None], slot["sin"][slot["pos"]][:, None]   # [B, 1, d]
@@ -412,54 +409,12 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
             att = torch.matmul(p, vc)                                                    # [B, hkv, g, d]
         x = _lin(att.reshape(B, -1), L["o"], residual=x)
         x = _mlp(L, m, x)
-    _sample_next(st, slot, x, temperature, top_p, record, 1)
-
-
-def _sample_next(st, slot, x, temperature, top_p, record, columns):
-    """The end of a decode step: logits of the last hidden states x [B, H], the next tokens sampled into
-    tok, col advanced by `columns` (1; G in the shared-prefix layout) and every row's rotary position by 1."""
-    W, m = st["W"], st["meta"]
     logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
     if record is not None:
         record.append(logits.clone())
     slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
-    slot["col"].add_(columns)
+    slot["col"].add_(1)
     slot["pos"].add_(1)
-
-
-def _decode_step_shared(st, slot, Lb, temperature, top_p, record=None):
-    """_decode_step on a shared-prefix view (section 4): B = U x G rows, group by group, over U cache rows.
-    Row j of group u writes its K/V at column col + j of cache row u; its query sees the prompt columns
-    and its own columns only (mine [G, L]), up to col + j. The G rows of a group are the G query
-    positions of one attention call over their cache row, so the prompt's K/V are read once per group.
-    col then advances by G, pos by 1 (rotary positions stay per row: prompt length + own step)."""
-    W, m = st["W"], st["meta"]
-    B, G = slot["tok"].shape[0], slot["G"]
-    U, hq, hkv, d = B // G, m["hq"], m["hkv"], m["d"]
-    g = hq // hkv
-    cos, sin = slot["cos"][slot["pos"]][:, None], slot["sin"][slot["pos"]][:, None]   # [B, 1, d]
-    cols = slot["col"] + slot["gj"]                                                  # [G] columns written
-    valid = (slot["key_ok"][:, None, :Lb] & slot["mine"][None, :, :Lb]
-             & (slot["ar"][:Lb] <= cols[:, None])[None])                             # [U, G, Lb]
-    bias = torch.zeros(U, 1, G, Lb, dtype=m["dtype"] if slot["gqa"] else torch.float32,
-                       device=valid.device).masked_fill(~valid[:, None], float("-inf"))
-    x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
-    for li, L in enumerate(W["layers"]):
-        q, k, v = _qkv(L, m, x, cos, sin)
-        slot["k"][li].index_copy_(2, cols, k.view(U, G, hkv, d).transpose(1, 2))
-        slot["v"][li].index_copy_(2, cols, v.view(U, G, hkv, d).transpose(1, 2))
-        kc, vc = slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb]
-        if slot["gqa"]:   # the group's rows as G query positions: [U, hq, G, d]
-            att = _gqa_attention(q.view(U, G, hq, d).transpose(1, 2), kc, vc, bias, m["scale"])
-            att = att.transpose(1, 2)                                                    # [U, G, hq, d]
-        else:             # portable form: [U, hkv, G x g, d] against the group's K/V, fp32 softmax
-            qg = q.view(U, G, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(U, hkv, G * g, d) * m["scale"]
-            s = torch.matmul(qg, kc.transpose(-1, -2)).float().view(U, hkv, G, g, Lb) + bias.view(U, 1, G, 1, Lb)
-            p = s.softmax(-1).to(qg.dtype).view(U, hkv, G * g, Lb)
-            att = torch.matmul(p, vc).view(U, hkv, G, g, d).permute(0, 2, 1, 3, 4)      # [U, G, hkv, g, d]
-        x = _lin(att.reshape(B, -1), L["o"], residual=x)
-        x = _mlp(L, m, x)
-    _sample_next(st, slot, x, temperature, top_p, record, G)
 
 
 # Attention kernels for GQA with a padding mask. cuDNN's fused kernel takes both without repeating K/V;
@@ -478,17 +433,16 @@ def _gqa_attention(q, k, v, mask, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-def _gqa_works(slot, m, B, n=1):
-    """Whether _gqa_attention runs for this slot's decode shapes (n query rows per head: 1, or G in the
-    shared-prefix layout; additive mask). Prefill tries it too and keeps to the portable form after a
-    first failure (it runs eagerly)."""
+def _gqa_works(slot, m, B):
+    """Whether _gqa_attention runs for this slot's decode shapes (one query row per head, additive mask).
+    Prefill tries it too and keeps to the portable form after a first failure (it runs eagerly)."""
     dev, dt, L = slot["k"].device, m["dtype"], slot["L"]
     with warnings.catch_warnings():          # torch warns per backend it rules out; the probe's answer suffices
         warnings.simplefilter("ignore")
         try:
             for Lb in sorted({min(BUCKET, L), L}):
-                q = torch.zeros(B, m["hq"], n, m["d"], dtype=dt, device=dev)
-                bias = torch.zeros(B, 1, n, Lb, dtype=dt, device=dev)
+                q = torch.zeros(B, m["hq"], 1, m["d"], dtype=dt, device=dev)
+                bias = torch.zeros(B, 1, 1, Lb, dtype=dt, device=dev)
                 _gqa_attention(q, slot["k"][0, :, :, :Lb], slot["v"][0, :, :, :Lb], bias, m["scale"])
             return True
         except RuntimeError:
@@ -519,27 +473,14 @@ def _gqa_works(slot, m, B, n=1):
 # on the batch size, so there a greedy or sampled row may part from the uncompacted run at a near-tie, as
 # the arithmetic note says.
 #
-# Shared prefix (SHARED_PREFIX, off by default). For a batch whose rows come in groups of G >= 2
-# identical prompts, every prompt exactly G times (RL's G samples per task), the decoder can keep one
-# cache row per group instead of one per row: the prompt once (prefilled once, columns 0..P-1), then the
-# group's new tokens interleaved column by column (row j of the group writes step s at column
-# P + s G + j). A decode step gives each group's G rows to one attention call as G query positions
-# against its K/V heads (the fused GQA call on a GPU, two matmuls elsewhere), with an additive bias so
-# that each row sees the prompt and its own columns only; rotary positions stay per row (prompt length +
-# own step), and each row draws its own noise in its original order, so the tokens are the default
-# layout's (tests, fp32). Attention then reads prompt + G x new columns per group instead of
-# G x (prompt + new). The layout reads the slot's memory as R / G cache rows of G L columns; a batch
-# that does not come in equal groups runs today's layout. Compaction moves whole groups: a group leaves
-# when all its rows have stopped (a stopped row of a running group keeps decoding, its tokens dropped),
-# and the groups still running move to the first cache rows when they fit a smaller row bucket. A
-# group's rows need not be adjacent in the batch (they run group by group and map back). The group's G
-# rows as G query positions (not G x hq query heads) keep the head layout of the fused call; its width
-# buckets grow G columns per step, so a call captures about G times as many graphs per prompt length.
-# Not yet timed on a GPU: bench/profile_decode.py --group 4 --shared-prefix.
+# Not here: a shared-prefix layout (one cache row per group of G identical prompts, the group's new tokens
+# interleaved after the prompt, its rows as G query positions with a per-row bias) was built and measured
+# slower on one H200: 6.40 ms per decode step against 3.59 ms for this layout at batch 64 = 16 groups x 4,
+# 4675-token prompts; the cuDNN kernel with the per-row bias took 4.36 ms of it (results/rl_throughput.md,
+# results/rl_throughput/s9/profile_decode_prefix.json). It was removed.
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
-SHARED_PREFIX = False  # the shared-prefix decode layout (above); off: every call runs today's layout
 # Seconds spent so far, summed over calls (the RL/OPD step breakdown reads the difference around a call):
 # pack = folding the current weights into the packed copy, prefill, capture = CUDA-graph captures,
 # decode = the decode loop without its captures. On CUDA each boundary synchronises (a few per call).
@@ -606,7 +547,7 @@ def _new_slot(st, R, L, device):
     # Each slot has its own graph memory pool: its graphs are captured one after another and dropped
     # together. (One pool shared across slots broke a later capture once an evicted slot's graphs were
     # freed: CUDACachingAllocator "use_count > 0" assert, seen on an H200 with torch 2.11.)
-    slot = {"R": R, "L": L, "graphs": {}, "views": {}, "sviews": {},
+    slot = {"R": R, "L": L, "graphs": {}, "views": {},
             "pool": torch.cuda.graph_pool_handle() if device.type == "cuda" else None,
             "k": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
             "v": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
@@ -634,49 +575,6 @@ def _view(st, slot, b):
         v["gqa"] = _gqa_works(v, st["meta"], b)
         slot["views"][b] = v
     return v
-
-
-def _shared_view(st, slot, U, G):
-    """The slot's memory as a shared-prefix view (section 4) of U cache rows. The slot's K/V storage is
-    read as R // G cache rows of G x L columns (the same bytes; a group's rows write G columns per step),
-    once per G (the base, kept under key (0, G)); a view of U groups is its first U cache rows, as _view
-    does for rows, so every view of one G shares the memory and compaction moves groups within it. Also
-    the first U x G rows of the per-row state, and the base's own buffers: key_ok [R // G, G L] (prompt
-    padding), mine [G, G L] (the columns each member of a group sees), pos0, ar, gj = arange(G). Cached;
-    probes the fused attention with G queries per cache row."""
-    v = slot["sviews"].get((U, G))
-    if v is None:
-        base = slot["sviews"].get((0, G))
-        if base is None:
-            m, dev, nl = st["meta"], slot["k"].device, slot["k"].shape[0]
-            Ug, Ls = slot["R"] // G, G * slot["L"]
-            n = nl * Ug * m["hkv"] * Ls * m["d"]
-            base = {"k": slot["k"].view(-1)[:n].view(nl, Ug, m["hkv"], Ls, m["d"]),
-                    "v": slot["v"].view(-1)[:n].view(nl, Ug, m["hkv"], Ls, m["d"]), "L": Ls, "G": G,
-                    "ar": torch.arange(Ls, device=dev), "gj": torch.arange(G, device=dev),
-                    "key_ok": torch.ones(Ug, Ls, dtype=torch.bool, device=dev),
-                    "mine": torch.ones(G, Ls, dtype=torch.bool, device=dev),
-                    "pos0": torch.zeros(Ug, dtype=torch.long, device=dev)}
-            slot["sviews"][(0, G)] = base
-        v = {key: slot[key] for key in ("pool", "cos", "sin", "col")}
-        v.update({key: slot[key][:U * G] for key in ("tok", "pos", "noise")})
-        v.update({key: base[key] for key in ("L", "G", "ar", "gj", "mine")})
-        v.update(k=base["k"][:, :U], v=base["v"][:, :U], key_ok=base["key_ok"][:U], pos0=base["pos0"][:U])
-        v["gqa"] = _gqa_works(v, st["meta"], U, G)
-        slot["sviews"][(U, G)] = v
-    return v
-
-
-def _groups(batch):
-    """(G, order) when the batch's rows come in groups of G >= 2 identical prompts, every prompt exactly
-    G times (order: the original rows group by group, groups by first appearance); else None."""
-    index = {}
-    for b, p in enumerate(batch):
-        index.setdefault(tuple(p), []).append(b)
-    sizes = {len(rows) for rows in index.values()}
-    if len(sizes) != 1 or min(sizes) < 2:
-        return None
-    return sizes.pop(), [b for rows in index.values() for b in rows]
 
 
 def _capture(st, slot, Lb, temperature, top_p):
@@ -765,27 +663,6 @@ def _prefill_shared(st, slot, batch, ids, pad, device):
     return logits
 
 
-def _prefill_groups(st, slot, sv, ids, pad, order, G):
-    """Shared-prefix prefill: each group's prompt runs once into its cache row of the view sv (columns
-    0..P-1), the view's masks are set for this batch; returns the last-position logits [B, V] in the
-    original row order (each row its group's)."""
-    B, P = ids.shape
-    U, dev = B // G, ids.device
-    first = torch.tensor(order[::G], device=dev)                      # one row of each group
-    sv["pos0"].copy_(-pad[first])
-    sv["key_ok"].copy_(sv["ar"][None] >= pad[first, None])
-    sv["mine"].copy_((sv["ar"] < P) | ((sv["ar"] - P) % G == sv["gj"][:, None]))
-    sv["gqa_prefill"] = slot["gqa_prefill"]
-    rows = 32768 // P + 1
-    logits = torch.cat([_prefill(st, sv, ids[first[b0:b0 + rows]], b0, min(U, b0 + rows))
-                        for b0 in range(0, U, rows)])
-    slot["gqa_prefill"] = sv["gqa_prefill"]
-    group = [0] * B
-    for r, b in enumerate(order):
-        group[b] = r // G
-    return logits[torch.tensor(group, device=dev)]
-
-
 def _compact(st, slot, keep, C, m, pads):
     """Move the slot's rows `keep` (ascending) to its first rows: their row state, and their K/V columns
     m..C-1 to 0..C-m-1 (C: columns written; m: left padding all of them have, so attention stops reading
@@ -802,22 +679,6 @@ def _compact(st, slot, keep, C, m, pads):
     return _view(st, slot, _row_bucket(n))
 
 
-def _compact_groups(st, slot, keep, C, G):
-    """Move the shared-prefix groups `keep` (cache rows, ascending) to the first cache rows: their K/V
-    columns 0..C-1 (C: columns written), prompt masks and their rows' state. Returns the view of the
-    group bucket they fit in (its filler groups hold earlier groups' finite data)."""
-    base, dev = slot["sviews"][(0, G)], slot["k"].device
-    keep_t, n = torch.tensor(keep, device=dev), len(keep)
-    for li in range(base["k"].shape[0]):   # one layer at a time: the temporary is one layer's rows
-        base["k"][li, :n, :, :C] = base["k"][li, keep_t, :, :C]
-        base["v"][li, :n, :, :C] = base["v"][li, keep_t, :, :C]
-    base["key_ok"][:n] = base["key_ok"][keep_t]
-    rows_t = torch.tensor([u * G + j for u in keep for j in range(G)], device=dev)
-    for key in ("tok", "pos"):
-        slot[key][:n * G] = slot[key][rows_t]
-    return _shared_view(st, slot, _row_bucket(n), G)
-
-
 def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p, eos, ticks,
                 ignore_stop, use_graphs, record, caps):
     B, R = len(batch), _row_bucket(len(batch))
@@ -828,19 +689,10 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
     sampling = temperature > 0
     n_max = max_new_tokens if caps is None else max(caps)
     check = not ignore_stop or caps is not None
-    groups = _groups(batch) if SHARED_PREFIX else None      # the shared-prefix layout, where it applies
-    if groups:
-        G, order = groups
-        sv = _shared_view(st, slot, B // G, G)
-        if sv["L"] < P + G * n_max:                              # does not fit the slot: today's layout
-            groups = None
     t_start = _clock(device)
     capture_s = 0.0
     with torch.no_grad():
-        if groups:
-            logits = _prefill_groups(st, slot, sv, ids, pad, order, G)
-        else:
-            logits = _prefill_shared(st, slot, batch, ids, pad, device)
+        logits = _prefill_shared(st, slot, batch, ids, pad, device)
         t_prefilled = _clock(device)
         STATS["prefill_s"] += t_prefilled - t_start
         if record is not None:
@@ -856,19 +708,12 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
         view = _view(st, slot, R)
         live, live_t = list(range(B)), torch.arange(B, device=device)   # original row of each slot row
         moved, draws = False, None            # rows have moved; then the noise [B, V] in original order
-        if groups:                            # slot row r runs original row order[r]
-            view, live, live_t = sv, order, torch.tensor(order, device=device)
-            slot["tok"][:B].copy_(tokens[live_t, 0])
-            slot["pos"][:B].copy_((P - pad)[live_t])
-            moved = order != list(range(B))
-            if sampling and moved:
-                draws = torch.empty(B, slot["noise"].shape[1], device=device)
         stops, checked = [None] * B, 0
         host = [[] for _ in range(B)]
         n = 1
         while n < n_max:
-            c = P - shift + n - 1 if not groups else P + n * G - 1            # last column written this step
-            Lb = min(view["L"], BUCKET * math.ceil((c + 1) / BUCKET))
+            c = P - shift + n - 1                                               # column written this step
+            Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
             if sampling:
                 if not moved:
                     slot["noise"][:B].exponential_(generator=gen)
@@ -876,7 +721,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                     draws.exponential_(generator=gen)
                     slot["noise"][:len(live)] = draws[live_t]
             rows = view["tok"].shape[0]
-            gkey = (rows, Lb, temperature, top_p) if not groups else ("shared", G, rows, Lb, temperature, top_p)
+            gkey = (rows, Lb, temperature, top_p)
             if use_graphs and gkey not in slot["graphs"]:
                 t_cap = time.perf_counter()
                 try:
@@ -912,15 +757,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                 running = [j for j, b in enumerate(live) if stops[b] is None]
                 if not running:
                     break
-                kept = sorted({j // G for j in running}) if groups else None   # groups with a row running
-                if COMPACT and groups and _row_bucket(len(kept)) < rows // G:     # finished groups leave
-                    live = [live[u * G + j] for u in kept for j in range(G)]
-                    view = _compact_groups(st, slot, kept, P + (n - 1) * G, G)
-                    live_t = torch.tensor(live, device=device)
-                    if sampling and not moved:
-                        draws = torch.empty(B, slot["noise"].shape[1], device=device)
-                    moved = True
-                if COMPACT and not groups and _row_bucket(len(running)) < rows:   # finished rows leave
+                if COMPACT and _row_bucket(len(running)) < rows:   # finished rows leave the batch
                     live = [live[j] for j in running]
                     m = min(pads[b] for b in live) - shift
                     view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])

@@ -17,7 +17,6 @@ reading its token log-probs. Both trainers import from here; neither imports the
 import argparse
 import contextlib
 import hashlib
-import inspect
 import json
 import os
 import random
@@ -431,63 +430,16 @@ class TokenLogps:
     topk_logps: torch.Tensor | None = None  # (B, T, K) log-probs at topk_ids (or at gather_ids)
 
 
-# Rows that share a prompt (RL's G samples of one prompt) run the prompt once: its keys and values are repeated
-# for the group's rows, and only their completions run on top. Under causal attention this gives the same hidden
-# states and gradients up to float rounding (tests); the update's tokens shrink from G x (prompt + completion) to
-# prompt + G x completion, and prompts are most of them (2-7k tokens against <= 1280). OFF by default (None = on
-# CUDA only, True = always): on the H200 it made an update slower, not faster (8.91 s against 2.11 s for 56 rows,
-# 143k prompt + 37k completion tokens, bench/profile_train_step.py; RL's t_train 14.1 s against 2.6 s,
-# results/rl_throughput.md): the completions attend to a repeated cache through a masked kernel, and the one-pass
-# path is one causal flash call. It halves a CPU update of the tiny model. Which rows share a pass depends on how the
-# rows are split (micro-batches, processes), so the rounding does too.
-SHARE_PROMPTS = False
-
-
-def _shared_prompt_hidden(decoder, rows, T, device):
-    """{row index: hidden states (T, H) whose position j predicts completion token j} for the rows whose prompt
-    (>= 2 tokens) another row of the batch shares. The prompt's first P-1 tokens run once with a KV cache,
-    repeated for the group's rows; each row then runs [last prompt token] + its completion but its last token
-    (right-padded to the group's longest: causal attention keeps the padding out of the real positions). Where
-    the decoder returns no cache (gradient checkpointing in training turns it off) the rows run alone."""
-    groups = {}
-    for i, (p, _) in enumerate(rows):
-        if len(p) >= 2:
-            groups.setdefault(tuple(p), []).append(i)
-    out = {}
-    # transformers renamed the forward's past_key_values to cache after 5.17
-    cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    for prompt, idx in groups.items():
-        if len(idx) < 2:
-            continue
-        with _autocast(device):
-            first = decoder(input_ids=torch.tensor([prompt[:-1]], device=device), use_cache=True)
-        cache = getattr(first, "cache", None) or getattr(first, "past_key_values", None)   # (named cache after 5.17)
-        if cache is None or not hasattr(cache, "batch_repeat_interleave") or cache.get_seq_length() != len(prompt) - 1:
-            return out                                 # no cache of the whole prompt: the rows run alone
-        cache.batch_repeat_interleave(len(idx))
-        width = max(len(rows[i][1]) for i in idx)      # the group's own longest (its shapes: its rows alone)
-        ids = torch.full((len(idx), width), prompt[-1], dtype=torch.long)
-        for k, i in enumerate(idx):
-            c = list(rows[i][1])
-            ids[k, 1:len(c)] = torch.tensor(c[:-1], dtype=torch.long)
-        with _autocast(device):
-            h = decoder(input_ids=ids.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
-        h = torch.nn.functional.pad(h, (0, 0, 0, T - width))          # to the batch's T (masked positions)
-        for k, i in enumerate(idx):
-            out[i] = h[k]
-    return out
-
-
 def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_token_id=0,
                     entropy=False, topk=0, gather_ids=None):
     """Log-probs of the completion tokens under the model's active adapter.
 
     rows: objects with .prompt_ids and .completion_ids (or (prompt_ids, completion_ids) pairs).
-    The decoder runs once over the rows (rows sharing a prompt: the prompt once, see SHARE_PROMPTS); then
-    for chunks of `chunk_tokens` completion positions the lm_head logits are built, divided by the
-    sampling temperature, and reduced to logit[token] - logsumexp(logits). Each chunk runs under
-    activation checkpointing when grads are on, so at most one chunk of (chunk_tokens, V) fp32 logits
-    exists at a time, forward or backward. Gradients flow when torch.is_grad_enabled().
+    The decoder runs once; then for chunks of `chunk_tokens` completion positions the lm_head
+    logits are built, divided by the sampling temperature, and reduced to
+    logit[token] - logsumexp(logits). Each chunk runs under activation checkpointing when grads
+    are on, so at most one chunk of (chunk_tokens, V) fp32 logits exists at a time, forward or
+    backward. Gradients flow when torch.is_grad_enabled().
     entropy: also return the per-token entropy (cheap: the chunk's softmax is already there).
     topk: also return the K most likely ids and their log-probs (distillation's top-K support).
     gather_ids (B, T, K): return log-probs at these ids instead (score a teacher on the student's
@@ -514,16 +466,13 @@ def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_toke
     # No attention mask: the rows are right-padded and attention is causal, so a real position never sees
     # the padding after it, and the positions read (prompt and completion) are exactly those of an unpadded
     # row. Without a mask, SDPA runs its causal kernel (flash on a GPU) instead of a masked full-matrix one.
-    share = device.type == "cuda" if SHARE_PROMPTS is None else SHARE_PROMPTS
-    parts = _shared_prompt_hidden(decoder, rows, T, device) if share else {}   # row -> (T, H)
-    alone = [i for i in range(B) if i not in parts]
-    if alone:
-        width = int((P + C)[alone].max())              # these rows' own longest: no padding for the others
-        with _autocast(device):
-            h = decoder(input_ids=input_ids[alone, :width], use_cache=False).last_hidden_state
-        h = h.gather(1, positions[alone].clamp(max=width - 1)[:, :, None].expand(-1, -1, h.shape[-1]))
-        parts.update(zip(alone, h))
-    hidden = torch.stack([parts[i] for i in range(B)])                 # (B, T, H)
+    # (Running a shared prompt once, its KV cache repeated for the rows that share it, was built and measured
+    # slower on the H200: an update of 56 rows 8.91 s against 2.11 s, RL's t_train 14.1 s against 2.6 s,
+    # results/rl_throughput.md; it was removed.)
+    with _autocast(device):
+        hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    H = hidden.shape[-1]
+    hidden = hidden.gather(1, positions[:, :, None].expand(-1, -1, H))  # (B, T, H)
     flat_hidden, flat_targets = hidden[mask], targets[mask]            # (N, H), (N,)
     flat_gather = gather_ids.to(device)[mask] if gather_ids is not None else None  # (N, K)
 

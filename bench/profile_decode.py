@@ -7,10 +7,8 @@ A/B against another version of the decoder (e.g. the last commit's):
             python bench/profile_decode.py --model ... --decoder /tmp/fastgen_old.py --out old.json
      (commits before the decoder left common.py for fastgen.py cannot be loaded this way)
      (CPU): python bench/profile_decode.py --tiny --batch 4 --new-tokens 8
-Shared-prefix layout (fastgen.SHARED_PREFIX), RL's shape: 16 groups of 4 rows sharing a prompt:
-            python bench/profile_decode.py --model ... --batch 64 --group 4 --prompt-tokens 4500 --shared-prefix
-     times and profiles the step in that layout, and also times the default layout's step on the same
-     prompts (default_layout_step_ms) for the A/B.
+RL's shape, 16 distinct long prompts of 4 rows each (prefill_s then runs 16 prompts, not 1):
+            python bench/profile_decode.py --model ... --batch 64 --group 4 --prompt-tokens 4500
 
 Same prompt, LoRA adapter and sampling as bench_generate.py (temperature 1, stop rules off).
 - prefill_s: a call that generates 1 token (prefill of the whole batch + the first sample).
@@ -78,9 +76,8 @@ def main():
                          "instead of the 565-token one: the step's share that grows with the cache")
     ap.add_argument("--group", type=int, default=0,
                     help="rows per prompt: batch/group distinct prompts of about the prompt's length, each "
-                         "repeated this many times (RL's groups); 0: every row the same prompt")
-    ap.add_argument("--shared-prefix", action="store_true",
-                    help="decode in the shared-prefix layout (fastgen.SHARED_PREFIX); needs --group >= 2")
+                         "repeated this many times (RL's groups: prefill runs each distinct prompt once); "
+                         "0: every row the same prompt")
     ap.add_argument("--top", type=int, default=20, help="kernels listed")
     ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
     args = ap.parse_args()
@@ -88,8 +85,6 @@ def main():
     B, N = args.batch, args.new_tokens
     if args.group and (args.group < 2 or B % args.group):
         sys.exit(f"profile_decode.py: --group {args.group} must be >= 2 and divide --batch {B}")
-    if args.shared_prefix and not args.group:
-        sys.exit("profile_decode.py: --shared-prefix needs --group (rows per prompt, e.g. 4)")
     model, tok, device, prompt = bench_model(args)
     if args.prompt_tokens:
         prompt = rl_prompts(tok, 1, args.prompt_tokens, args.prompt_tokens)[0]
@@ -102,21 +97,10 @@ def main():
     def run(n, **extra):
         return timed(lambda: fastgen.generate(model, tok, prompts, max_new_tokens=n, **kw, **extra), device)[1]
 
-    def step_time():
-        first = run(1 + N)                             # packs, allocates the slot, captures every graph
-        long = [run(1 + N) for _ in range(args.repeats)]
-        short = [run(1) for _ in range(args.repeats)]
-        return first, short, 1000 * (statistics.median(long) - statistics.median(short)) / N
-
-    default_step_ms = None
-    if args.shared_prefix:                             # the default layout first, on the same prompts
-        default_step_ms = step_time()[2]
-        fastgen.SHARED_PREFIX = True
-    first_s, short, step_ms = step_time()
-    slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
-    shared_ran = bool(slot.get("sviews"))
-    if args.shared_prefix and not shared_ran:
-        print("note: the batch did not fit the shared-prefix layout; today's layout ran", file=sys.stderr)
+    first_s = run(1 + N)                               # packs, allocates the slot, captures every graph
+    long = [run(1 + N) for _ in range(args.repeats)]
+    short = [run(1) for _ in range(args.repeats)]
+    step_ms = 1000 * (statistics.median(long) - statistics.median(short)) / N
 
     S = max(2, N // 8)
     tables = []
@@ -139,9 +123,7 @@ def main():
 
     result = {**run_info(args, model, device, prompt), "decoder": args.decoder or "fastgen.py",
               "batch": B, "new_tokens": N, "prompt_tokens": max(len(p) for p in prompts),
-              "group": args.group, "shared_prefix": args.shared_prefix, "shared_prefix_ran": shared_ran,
-              "default_layout_step_ms": None if default_step_ms is None else round(default_step_ms, 3),
-              "first_call_s": round(first_s, 3),
+              "group": args.group, "first_call_s": round(first_s, 3),
               "prefill_s": round(statistics.median(short), 4), "step_ms": round(step_ms, 3),
               "tok_s": round(B * 1000 / step_ms, 1) if step_ms > 0 else None,
               "profiled_steps": S, "launches_per_step": round(launches, 1),
@@ -149,8 +131,6 @@ def main():
               "kernels": [{"name": k[:120], "launches_per_step": round(c, 2), "us_per_step": round(us, 1)}
                           for k, (c, us) in rows[:args.top]],
               "command": "python " + " ".join(sys.argv)}
-    if default_step_ms is not None:
-        print(f"default layout: step {default_step_ms:.3f} ms; shared-prefix layout below")
     print(f"batch {B}: step {step_ms:.3f} ms ({result['tok_s']} tok/s with graphs); eager profile: "
           f"{launches:.0f} kernel launches and {kernel_us / 1000:.3f} ms of kernel time per step")
     for r in result["kernels"]:

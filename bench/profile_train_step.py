@@ -96,14 +96,10 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also a torch.profiler kernel table of one update "
                    "(at the first --micro)")
-    p.add_argument("--share-prompts", choices=("auto", "on", "off"), default="auto",
-                   help="onpolicy.SHARE_PROMPTS: a group's prompt run once (auto: on CUDA); off = the one-pass path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args()
 
-    import onpolicy
-    onpolicy.SHARE_PROMPTS = {"auto": None, "on": True, "off": False}[args.share_prompts]
     if args.tiny:
         model, tok = common.tiny_model(seed=args.seed)
     elif args.random_smollm2:
@@ -117,7 +113,7 @@ def main():
     adv = [1.0 if i % 2 else -1.0 for i in range(len(rows))]
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "share_prompts": args.share_prompts,
+    res = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
            "rows": len(rows), "prompt_tokens": sum(len(r.prompt_ids) for r in rows),
            "completion_tokens": sum(len(r.completion_ids) for r in rows), "micro": {}}
     print(f"{len(rows)} rows, {res['prompt_tokens']} prompt + {res['completion_tokens']} completion tokens")

@@ -1,8 +1,7 @@
 """Tests of fastgen.py, the fast static-cache decoder: greedy tokens equal HF generate's (three
 architectures, LoRA adapters switched, a 4-bit base), sampled logits equal HF's forward, weights are
 repacked in place, the fused-attention fallbacks, the sampler's distribution, the stop rule, the memory
-estimate; shared prefill, compaction and the one reused slot keep every row's tokens; the shared-prefix
-layout (off by default) gives the default layout's tokens, greedy and sampled, or falls back. On CPU the decoder
+estimate; shared prefill, compaction and the one reused slot keep every row's tokens. On CPU the decoder
 runs eagerly (no CUDA graphs); the GPU runs are in results/bench.md.
 
 Run: python -m pytest -q tests/test_fastgen.py
@@ -256,21 +255,15 @@ def _rl_like(tok):
     return [common.chat_ids(tok, m) for m in msgs]
 
 
-def _spy_prefill(monkeypatch):
-    """fastgen._prefill, recording the rows of every call into the returned list."""
-    rows, prefill = [], fastgen._prefill
-    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
-                        prefill(st, slot, ids, b0, b1))
-    return rows
-
-
 def _run(pm, tok, prompts, monkeypatch, fast_paths, **kw):
     """fastgen.generate with shared prefill and compaction on or off; -> (completions, record, prefill rows,
     row counts of the views used, left columns dropped at each compaction)."""
     monkeypatch.setattr(fastgen, "SHARE_PREFILL", fast_paths)
     monkeypatch.setattr(fastgen, "COMPACT", fast_paths)
     fastgen.free_fast_cache(pm)
-    rows = _spy_prefill(monkeypatch)
+    rows, prefill = [], fastgen._prefill
+    monkeypatch.setattr(fastgen, "_prefill", lambda st, slot, ids, b0, b1: rows.append(b1 - b0) or
+                        prefill(st, slot, ids, b0, b1))
     drops, compact = [], fastgen._compact
     monkeypatch.setattr(fastgen, "_compact", lambda st, slot, keep, C, m, pads: drops.append(m) or
                         compact(st, slot, keep, C, m, pads))
@@ -308,16 +301,6 @@ def test_shared_prefill_and_compaction_keep_every_rows_tokens(temperature, monke
         assert len({tuple(c.completion_ids[:3]) for c in fast[:3]}) > 1   # twins still sample apart
 
 
-def _common_token(completions):
-    """The token (after the first) that the most completions hold: made the stop token, it ends most rows
-    somewhere in the middle."""
-    counts = {}
-    for c in completions:
-        for t in set(c.completion_ids[1:]):
-            counts[t] = counts.get(t, 0) + 1
-    return max(counts, key=counts.get)
-
-
 def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
     """Rows ending at a stop token (here: one frequent token made the EOS) leave the batch too, and each
     completion equals the plain path's, cut after its stop."""
@@ -325,7 +308,11 @@ def test_compaction_with_stop_tokens_equals_plain_path(monkeypatch):
     prompts = _rl_like(tok)
     kw = dict(max_new_tokens=48, temperature=1.0, top_p=1.0)
     free = _run(model, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
-    stop_tok = _common_token(free)                     # ends most rows somewhere in the middle
+    counts = {}
+    for c in free:
+        for t in set(c.completion_ids[1:]):
+            counts[t] = counts.get(t, 0) + 1
+    stop_tok = max(counts, key=counts.get)             # ends most rows somewhere in the middle
     monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
     fast, _, _, views, _ = _run(model, tok, prompts, monkeypatch, True, **kw)
     plain = _run(model, tok, prompts, monkeypatch, False, **kw)[0]
@@ -384,104 +371,3 @@ def test_slot_growth_keeps_the_memory_rule(monkeypatch):
     monkeypatch.setattr(fastgen, "_gpu_free_bytes", lambda d: 0)
     slot, n = fastgen._slot_for(st, 64, 4096, cuda)            # half of 32 x 2304: 64 rows halved to 8
     assert (n, made[-1]) == (8, (8, 4096))
-
-
-def _shared_run(pm, tok, prompts, monkeypatch, on, **kw):
-    """fastgen.generate with the shared-prefix layout on or off (fresh slot, eager) -> (completions, record,
-    prefill rows, shared-prefix decode steps run, groups kept at each group compaction)."""
-    monkeypatch.setattr(fastgen, "SHARED_PREFIX", on)
-    fastgen.free_fast_cache(pm)
-    rows = _spy_prefill(monkeypatch)
-    steps, shared = [], fastgen._decode_step_shared
-    monkeypatch.setattr(fastgen, "_decode_step_shared", lambda *a, **k: steps.append(1) or shared(*a, **k))
-    kept, compact = [], fastgen._compact_groups
-    monkeypatch.setattr(fastgen, "_compact_groups", lambda st, slot, keep, C, G: kept.append(list(keep)) or
-                        compact(st, slot, keep, C, G))
-    record = []
-    out = fastgen.generate(pm, tok, prompts, seed=13, batch_size=16, graphs=False, record=record, **kw)
-    return out, record, sum(rows), len(steps), kept
-
-
-def test_shared_prefix_is_off_by_default_and_groups_rule():
-    """The layout is opt-in; it applies only to batches of equal groups (G >= 2) of identical prompts."""
-    assert fastgen.SHARED_PREFIX is False
-    a, b, c = [1, 2], [3], [4, 5, 6]
-    assert fastgen._groups([a, b, a, b]) == (2, [0, 2, 1, 3])
-    assert fastgen._groups([a, a, a, c, c, c]) == (3, [0, 1, 2, 3, 4, 5])
-    assert fastgen._groups([a, a, b]) is None            # a repeated prompt with a unique one
-    assert fastgen._groups([a, a, b, b, b]) is None      # unequal groups
-    assert fastgen._groups([a, b, c]) is None and fastgen._groups([a]) is None
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_shared_prefix_greedy_equals_default_and_hf(arch, monkeypatch):
-    """Three groups of 3 identical prompts of unequal lengths (rows interleaved, not group by group), rows of
-    a group capped at different steps, the first group done by the first stop check (it leaves: the
-    other two move to the first 2 cache rows): with the shared-prefix layout each prompt is prefilled once and every row's
-    greedy tokens equal the default layout's and HF generate's (cut at the row's cap)."""
-    model, tok = common.tiny_model(0, arch=arch)
-    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
-    _randomize_lora(pm, 9)
-    base = [common.chat_ids(tok, m) for m in MSGS]
-    prompts = base * 3                                    # rows p0 p1 p2 p0 p1 p2 ...
-    caps = [6, 24, 24, 11, 3, 17, 2, 12, 24]              # group p0 (rows 0, 3, 6) ends by step 16
-    kw = dict(max_new_tokens=24, temperature=0, top_p=1.0, ignore_stop=True, max_lens=caps)
-    on, rec, pre, steps, kept = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
-    off, rec0, pre0, steps0, _ = _shared_run(pm, tok, prompts, monkeypatch, False, **kw)
-    assert len({len(p) for p in base}) == 3 and (pre, pre0) == (3, 3) and (steps, steps0) == (23, 0)
-    assert kept == [[1, 2]]
-    assert [len(c.completion_ids) for c in on] == caps
-    assert _tokens(on) == _tokens(off)
-    hf = common._generate_hf(pm, tok, prompts, max_new_tokens=24, temperature=0, top_p=1.0, seed=0,
-                             batch_size=16, ignore_stop=True)
-    assert _tokens(on) == [c.completion_ids[:cap] for c, cap in zip(hf, caps)]
-    for step, (a, b) in enumerate(zip(rec, rec0)):   # same logits while both run a row (NaN: it left)
-        running = ~a.isnan().any(1)
-        assert running.tolist() == [step < 16 or b % 3 > 0 for b in range(9)]
-        both = running & ~b.isnan().any(1)
-        assert both.sum() >= 3
-        torch.testing.assert_close(a[both], b[both], atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("fused", [False, True])
-def test_shared_prefix_sampled_equals_default(fused, monkeypatch):
-    """Sampling (temperature 1, top-p 0.9, one seed), two groups of 4 (rows interleaved) with a stop token
-    ending rows at different steps and caps that end the first group by the first check (it leaves): each row draws its own noise in its original order, so the tokens equal the default
-    layout's (which compacts finished rows away; this layout keeps them), and the twins sample apart.
-    fused: the one-call attention (torch's math kernel on CPU), else the two-matmul form."""
-    from torch.nn.attention import SDPBackend
-    if fused:
-        monkeypatch.setattr(fastgen, "_GQA_BACKENDS", [SDPBackend.MATH])
-    model, tok = common.tiny_model(1, arch="qwen3")
-    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
-    _randomize_lora(pm, 3)
-    prompts = [common.chat_ids(tok, m) for m in [MSGS[0], MSGS[2]] * 4]     # rows of the groups interleaved
-    caps = [10, 40, 14, 40, 5, 40, 16, 40]
-    kw = dict(max_new_tokens=40, temperature=1.0, top_p=0.9, max_lens=caps)
-    free = _shared_run(pm, tok, prompts, monkeypatch, False, ignore_stop=True, **kw)[0]
-    stop_tok = _common_token(free)                     # ends most rows somewhere in the middle
-    monkeypatch.setattr(fastgen, "stop_sets", lambda m, t: ({stop_tok}, frozenset()))
-    on, _, pre, steps, kept = _shared_run(pm, tok, prompts, monkeypatch, True, **kw)
-    slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
-    off = _shared_run(pm, tok, prompts, monkeypatch, False, **kw)[0]
-    assert pre == 2 and steps > 0 and {v["gqa"] for u, v in slot["sviews"].items() if u[0]} == {fused}
-    assert kept == ([[1]] if any(len(c.completion_ids) > 16 for c in on[1::2]) else [])  # B runs on: A leaves
-    assert _tokens(on) == _tokens(off)
-    assert len({len(c.completion_ids) for c in on}) > 1 and any(not c.truncated for c in on)
-    assert len({tuple(c.completion_ids[:3]) for c in on[::2]}) > 1
-    for c, f in zip(on, free):
-        i = f.completion_ids.index(stop_tok) if stop_tok in f.completion_ids else None
-        assert c.completion_ids == (f.completion_ids if i is None else f.completion_ids[:i + 1])
-
-
-def test_shared_prefix_falls_back_when_the_batch_does_not_fit(monkeypatch):
-    """A repeated prompt mixed with a unique one does not fit the layout: the call runs today's layout
-    (shared prefill, no shared-prefix step) with today's tokens, greedy and HF-equal."""
-    model, tok = common.tiny_model(0, arch="qwen2")
-    prompts = [common.chat_ids(tok, m) for m in [MSGS[0]] * 3 + [MSGS[1]]]
-    kw = dict(max_new_tokens=16, temperature=0, top_p=1.0, ignore_stop=True)
-    on, _, pre, steps, _ = _shared_run(model, tok, prompts, monkeypatch, True, **kw)
-    off = _shared_run(model, tok, prompts, monkeypatch, False, **kw)[0]
-    slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
-    assert (pre, steps, slot["sviews"]) == (2, 0, {})
-    assert _tokens(on) == _tokens(off) == _tokens(common._generate_hf(model, tok, prompts, seed=0, batch_size=16, **kw))

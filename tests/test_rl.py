@@ -320,61 +320,6 @@ def test_per_token_logps_match_naive_log_softmax(tiny):
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
 
 
-def test_rows_sharing_a_prompt_run_it_once_with_the_same_logps_and_gradients(tiny, monkeypatch):
-    """Three rows of one prompt (completions of 3, 7 and 11 tokens) and a row of its own: with SHARE_PROMPTS the
-    shared prompt runs once (one decoder call of prompt-1 tokens, one of the three completions) and the
-    log-probs, entropies, top-k and gradients equal the plain path's, where every row runs its whole text."""
-    model, tok = tiny
-    m = _lora(model)
-    a = tok("module tb; reg a; initial a = 0; endmodule filename: tb.sv module x; endmodule",
-            add_special_tokens=False)["input_ids"]
-    assert len(a) >= 23
-    rows = [SimpleNamespace(prompt_ids=a[:12], completion_ids=a[12:12 + k]) for k in (3, 7, 11)]
-    rows.append(SimpleNamespace(prompt_ids=a[:5], completion_ids=a[5:9]))
-    params = [p for p in m.parameters() if p.requires_grad]
-    results = {}
-    for share in (True, False):
-        monkeypatch.setattr(onpolicy, "SHARE_PROMPTS", share)
-        calls = []
-        dec, _ = onpolicy._split_model(m)
-        handle = dec.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape),
-                                               with_kwargs=True)
-        out = per_token_logps(m, rows, temperature=0.7, entropy=True, topk=3)
-        grads = torch.autograd.grad(per_token_logps(m, rows).logps.sum(), params)
-        handle.remove()
-        results[share] = (out, grads, calls[:len(calls) // 2])
-    (s_out, s_g, s_calls), (p_out, p_g, p_calls) = results[True], results[False]
-    T = max(len(r.completion_ids) for r in rows)
-    assert [len(r.completion_ids) for r in rows[:3]] == [3, 7, 11] and T == 11
-    L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    assert s_calls == [torch.Size([1, 11]), torch.Size([3, T]), torch.Size([1, 9])]   # prompt once, then 3 rows
-    assert p_calls == [torch.Size([4, L])]
-    for k in ("logps", "entropy", "topk_logps"):
-        torch.testing.assert_close(getattr(s_out, k), getattr(p_out, k), atol=1e-5, rtol=1e-5)
-    assert torch.equal(s_out.topk_ids, p_out.topk_ids) and torch.equal(s_out.mask, p_out.mask)
-    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(s_g, p_g))
-
-
-def test_shared_prompts_fall_back_under_gradient_checkpointing(tiny, monkeypatch):
-    """Training with gradient checkpointing turns transformers' KV cache off: the rows then run alone (one
-    decoder call over all rows) and give exactly the plain path's log-probs."""
-    model, tok = tiny
-    m = _lora(model)
-    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    m.train()
-    rows = [SimpleNamespace(prompt_ids=list(range(5, 30)), completion_ids=list(range(40, 40 + k))) for k in (4, 9)]
-    calls = []
-    dec, _ = onpolicy._split_model(m)
-    handle = dec.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape), with_kwargs=True)
-    monkeypatch.setattr(onpolicy, "SHARE_PROMPTS", True)
-    shared = per_token_logps(m, rows).logps
-    monkeypatch.setattr(onpolicy, "SHARE_PROMPTS", False)
-    plain = per_token_logps(m, rows).logps
-    handle.remove()
-    assert calls == [torch.Size([1, 24]), torch.Size([2, 34]), torch.Size([2, 34])]   # prompt pass, then alone
-    assert torch.equal(shared, plain)
-
-
 def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny):
     model, tok = tiny
     rows = _rows(tok) * 2
