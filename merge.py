@@ -406,6 +406,11 @@ def load_factors(ad, stem, device):
 # ----------------------------------------------------------------------------------------------------
 # One module
 
+def task_vectors(factors):
+    """The dense task vectors delta_i = B_i @ A_i of one module's factors [(A_i, B_i)] (scaling folded in)."""
+    return [b @ a for a, b in factors]
+
+
 def merge_module(method, space, factors, weights, params, lam, rank, stem, want_delta=False, compare_delta=False):
     """Merge one module's factors [(A_i, B_i)] (scaling folded in) -> dict(A, B, svd_rel_error[, delta, ...]).
 
@@ -427,7 +432,7 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
             B_out, A_out, err = B, A, 0.0
         delta = B @ A if (want_delta or compare_delta) else None
         if compare_delta:
-            ref = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+            ref = fn(task_vectors(factors), weights, **params, lam=lam, tag=stem + "/delta")
             norm = ref.norm()
             out["rel_error_vs_delta"] = ((delta - ref).norm() / norm).item() if norm > 0 else 0.0
             out["norm_ratio_vs_delta"] = (delta.norm() / norm).item() if norm > 0 else 0.0
@@ -443,7 +448,7 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
             B_out, A_out, err = svd_lowrank_product(B_cat, A_cat, rank)
         delta = B_cat @ A_cat if want_delta else None
     else:
-        delta = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+        delta = fn(task_vectors(factors), weights, **params, lam=lam, tag=stem + "/delta")
         r_out = rank if rank is not None else sum(a.shape[0] for a, _ in factors)
         B_out, A_out, err = svd_dense(delta, r_out)
     out.update(A=A_out, B=B_out, svd_rel_error=err)
