@@ -85,7 +85,7 @@ Relation to peft's `add_weighted_adapter` (checked in tests/test_merge.py):
     weighted sum and divide by the sum of the agreeing weights (a weighted mean, invariant to the weights'
     scale, as in TIES with non-uniform weights and mergekit's normalised form).
   - we trim to round(density * numel) entries; peft's magnitude_based_pruning truncates with int(), which
-    turns 0.29 * 100 into 28. peft's sign-mask helper is used as is.
+    turns 0.29 * 100 into 28. The sign election equals peft's sign-mask helper (checked in the tests).
   - dare_ties --dare-norm mean == peft "dare_ties" with weights 1 up to the random masks (uniform weights,
     equal scalings; delta space == "dare_ties_svd"); peft has no sum form. In adapter space peft rescales
     both factors by 1/density (see "Two spaces").
@@ -108,10 +108,10 @@ import shutil
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from peft.utils.merge_utils import calculate_majority_sign_mask
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -148,18 +148,62 @@ def _view(w, like):
     return w.view((-1,) + (1,) * (like.dim() - 1))
 
 
+def kth_largest(a, k):
+    """The k-th largest entry of the 1-D tensor a, exactly (the value torch.kthvalue(a, numel - k + 1) gives).
+
+    A whole-tensor kthvalue is slow on large tensors (a 25M-entry module: 0.6 s on a 2-core CPU; on CUDA it
+    runs in a single thread block), so the value is first bracketed: a strided sample of SELECT_SAMPLE entries,
+    sorted, gives [lo, hi] around the target's quantile; if the counts show the k-th largest lies inside
+    (n_above = #{a > hi} < k <= #{a >= lo}), it is the (k - n_above)-th largest of the few entries in [lo, hi].
+    Otherwise (a sample that missed, e.g. on strongly periodic data) the whole-tensor selection runs."""
+    n = a.numel()
+    if n <= 4 * SELECT_SAMPLE:
+        return _kth_smallest(a, n - k + 1)
+    sample = a[:: n // SELECT_SAMPLE].sort().values
+    m = sample.numel()
+    centre, margin = (n - k) / n * (m - 1), 8 * math.sqrt(m)
+    lo = sample[max(0, math.floor(centre - margin))]
+    hi = sample[min(m - 1, math.ceil(centre + margin))]
+    n_above = int((a > hi).sum())
+    cand = a[(a >= lo) & (a <= hi)]
+    if n_above < k <= n_above + cand.numel():
+        return _kth_smallest(cand, cand.numel() - (k - n_above) + 1)
+    return _kth_smallest(a, n - k + 1)
+
+
+SELECT_SAMPLE = 1 << 16     # sample size of kth_largest's bracket
+
+
+def _kth_smallest(a, j):
+    """torch.kthvalue(a, j) (1-based); on CUDA by a sort, whose kernels use the whole GPU."""
+    if a.device.type == "cuda":
+        return a.sort().values[j - 1]
+    return torch.kthvalue(a, j).values
+
+
 def trim_magnitude(x, density):
     """Keep the round(density * numel) entries of x with the largest magnitude (whole tensor), zero the rest.
 
-    The threshold is the k-th largest |x| (kthvalue: linear time, unlike topk); entries tied with it are all
+    The threshold is the k-th largest |x| (kth_largest: exact, linear time); entries tied with it are all
     kept, which only matters for exactly repeated magnitudes."""
     if density >= 1:
         return x
     k = int(round(density * x.numel()))
     if k == 0:
         return torch.zeros_like(x)
-    threshold = torch.kthvalue(x.abs().reshape(-1).float(), x.numel() - k + 1).values
-    return torch.where(x.abs() >= threshold, x, torch.zeros_like(x))
+    mag = x.abs().reshape(-1).float()
+    threshold = kth_largest(mag, k)
+    return torch.where(mag.view(x.shape) >= threshold, x, torch.zeros_like(x))
+
+
+def per_tensor(fn, tensors):
+    """[fn(i, x) for i, x in enumerate(tensors)], one thread per tensor: the random draws come from a serial
+    CPU generator per tensor (random_keep), so the adapters' draws run side by side; torch releases the GIL.
+    Each draw has its own seeded generator, so the result does not depend on the threads."""
+    if len(tensors) == 1 or (os.cpu_count() or 1) == 1:
+        return [fn(i, x) for i, x in enumerate(tensors)]
+    with ThreadPoolExecutor(max_workers=min(len(tensors), os.cpu_count())) as pool:
+        return list(pool.map(fn, range(len(tensors)), tensors))
 
 
 def draw_seed(seed, tag, i):
@@ -195,13 +239,22 @@ def elect_sign_merge(stacked, w, norm="mean"):
 
     The elected sign of each entry is the sign of the weighted sum (ties go to +, peft's convention); m_i
     marks the entries that agree with it (zeros never agree). norm "mean": sum_i w_i m_i x_i / sum_i w_i m_i,
-    0 where none agrees (the disjoint mean); norm "sum": sum_i w_i m_i x_i (no division)."""
-    weighted = stacked * _view(w, stacked)
-    agree = calculate_majority_sign_mask(weighted, method="total")
-    num = (weighted * agree).sum(0)
+    0 where none agrees (the disjoint mean); norm "sum": sum_i w_i m_i x_i (no division).
+    (== peft's calculate_majority_sign_mask(w * stacked, "total") and the masked sums, one tensor at a time:
+    w_i > 0, so sign(w_i x_i) = sign(x_i); tests/test_merge.py checks it against peft's helper.)"""
+    weighted = [w[i] * x for i, x in enumerate(stacked)]
+    total = weighted[0].clone()
+    for y in weighted[1:]:
+        total += y
+    positive = total >= 0
+    num, den = torch.zeros_like(total), torch.zeros_like(total)
+    for i, y in enumerate(weighted):
+        agree = torch.where(positive, y > 0, y < 0)
+        num += torch.where(agree, y, 0.0)
+        if norm != "sum":
+            den += agree * w[i]
     if norm == "sum":
         return num
-    den = (_view(w, stacked) * agree).sum(0)
     return torch.where(den > 0, num / den, torch.zeros_like(num))
 
 
@@ -223,17 +276,16 @@ def soup(tensors, weights=None, *, density=1.0, epsilon=0.0, lam=1.0, seed=0, ta
 def ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag="",
          dare_norm=DEFAULT_DARE_NORM, rescale_power=1.0):
     """TIES: magnitude trim to `density`, sign election by weighted mass, weighted disjoint mean, times lam."""
-    stacked = torch.stack([trim_magnitude(x, density) for x in tensors])
-    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), "mean")
+    trimmed = [trim_magnitude(x, density) for x in tensors]
+    return lam * elect_sign_merge(trimmed, _weights(weights, len(tensors), trimmed[0].device), "mean")
 
 
 def dare_ties(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=0.0, lam=1.0, seed=0, tag="",
               dare_norm=DEFAULT_DARE_NORM, rescale_power=1.0):
     """DARE-TIES: random drop with rate 1 - density, rescale by 1/density, TIES sign election, then the
     weighted sum of the agreeing entries (dare_norm "sum") or their weighted mean ("mean"), times lam."""
-    stacked = torch.stack([random_keep(x, density, draw_seed(seed, tag, i), rescale_power)
-                           for i, x in enumerate(tensors)])
-    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), dare_norm)
+    kept = per_tensor(lambda i, x: random_keep(x, density, draw_seed(seed, tag, i), rescale_power), tensors)
+    return lam * elect_sign_merge(kept, _weights(weights, len(tensors), kept[0].device), dare_norm)
 
 
 def della(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=DEFAULT_EPSILON, lam=1.0, seed=0, tag="",
@@ -242,9 +294,9 @@ def della(tensors, weights=None, *, density=DEFAULT_DENSITY, epsilon=DEFAULT_EPS
 
     Always the mean form (mergekit's della default, normalize: true); dare_norm is ignored. With epsilon 0
     every keep probability is `density` and the draws are DARE's, so della == dare_ties(dare_norm="mean")."""
-    stacked = torch.stack([random_keep(x, della_keep_prob(x, density, epsilon), draw_seed(seed, tag, i), rescale_power)
-                           for i, x in enumerate(tensors)])
-    return lam * elect_sign_merge(stacked, _weights(weights, len(tensors), stacked.device), "mean")
+    kept = per_tensor(lambda i, x: random_keep(x, della_keep_prob(x, density, epsilon), draw_seed(seed, tag, i),
+                                               rescale_power), tensors)
+    return lam * elect_sign_merge(kept, _weights(weights, len(tensors), kept[0].device), "mean")
 
 
 def factor_rescale_power(method, dare_norm):
@@ -287,16 +339,67 @@ def _svd(M):
         return tuple(t.to(M.device, M.dtype) for t in torch.linalg.svd(M.cpu().double(), full_matrices=False))
 
 
+RANGE_TOL = 1e-12   # _orth drops directions whose squared singular value is below this fraction of the largest
+
+
+def _orth(Y):
+    """An orthonormal basis (float32, Y's device) of the range of the tall m x q matrix Y, q small.
+
+    Two passes of: G = Y^T Y in float64, its q x q eigendecomposition on the CPU, Y V Lambda^(-1/2). Same span
+    as a Householder QR's Q (the randomized SVD below depends on the span only), but no cuSOLVER call on a
+    large matrix: a QR of a tall matrix is latency-bound on a GPU, and slow even on the CPU. Directions of Y
+    below RANGE_TOL of its largest (numerically null: Y of rank < q, the zero matrix) are dropped, so the
+    basis may have fewer than q columns (none for Y = 0)."""
+    Q = Y.double()
+    for _ in range(2):                                  # the second pass restores orthogonality to float64 level
+        lam, V = torch.linalg.eigh((Q.T @ Q).cpu())
+        keep = lam > RANGE_TOL * lam[-1] if lam.numel() and lam[-1] > 0 else torch.zeros_like(lam, dtype=torch.bool)
+        Q = Q @ (V[:, keep] / lam[keep].sqrt()).to(Q.device)
+    return Q.float()
+
+
+def _small_svd(C, rank):
+    """Top-`rank` SVD of a short k x n matrix C from its k x k Gram matrix (float64, on the CPU): returns
+    (Uc (k x rank), S (rank,), A = sqrt(S) Vh (rank x n), both zero beyond the numerical rank) on C's device."""
+    Cd = C.double()
+    lam, V = torch.linalg.eigh((Cd @ Cd.T).cpu())
+    lam, V = lam.flip(0)[:rank].clamp(min=0), V.flip(1)[:, :rank]
+    live = lam > RANGE_TOL * lam[0] if lam.numel() and lam[0] > 0 else torch.zeros_like(lam, dtype=torch.bool)
+    S = torch.where(live, lam.sqrt(), torch.zeros_like(lam))
+    inv_root = torch.where(live, S.clamp(min=1e-300).rsqrt(), torch.zeros_like(lam))
+    A = (inv_root[:, None] * V.T).to(C.device) @ Cd                # sqrt(S) Vh = S^(-1/2) Uc^T C
+    return V.to(C.device), S, A
+
+
+def _balanced(Q, Uc, S, A_small, rank, like):
+    """B = Q Uc sqrt(S), A as given, zero-padded up to `rank` columns / rows, in like's dtype and device."""
+    k = S.numel()
+    B = torch.zeros(Q.shape[0], rank, dtype=like.dtype, device=like.device)
+    A = torch.zeros(rank, A_small.shape[1], dtype=like.dtype, device=like.device)
+    if k:
+        B[:, :k] = ((Q.double() @ Uc) * S.sqrt().to(Q.device)).to(like.dtype)
+        A[:k] = A_small.to(like.dtype)
+    return B, A
+
+
 def svd_lowrank_product(B, A, rank):
-    """Truncated SVD of B @ A without forming it (QR of both factors, SVD of the small core): exact for a product."""
-    Qb, Rb = torch.linalg.qr(B)
-    Qa, Ra = torch.linalg.qr(A.T)
-    Uc, S, Vhc = _svd(Rb @ Ra.T)
-    return truncate(Qb @ Uc, S, Vhc @ Qa.T, rank)
+    """Truncated SVD of B @ A without forming it: orthonormal bases of range(B) and range(A^T) (_orth), the SVD
+    of the small core between them. Exact for a product (the optimal, Eckart-Young, rank-`rank` truncation)."""
+    Qb, Qa = _orth(B), _orth(A.T)
+    core = (Qb.T @ B) @ (A @ Qa)                                   # kb x ka, B A = Qb core Qa^T
+    total = core.double().square().sum()
+    if Qb.shape[1] == 0 or Qa.shape[1] == 0 or total == 0:
+        return (torch.zeros(B.shape[0], rank, dtype=B.dtype, device=B.device),
+                torch.zeros(rank, A.shape[1], dtype=A.dtype, device=A.device), 0.0)
+    Uc, S, A_core = _small_svd(core, rank)                         # core ~ Uc diag(S) Vhc; A_core = sqrt(S) Vhc
+    B_out, A_out = _balanced(Qb, Uc, S, A_core @ Qa.T.double(), rank, B)
+    err = ((total - S.square().sum()).clamp(min=0) / total).sqrt().item()
+    return B_out, A_out, err
 
 
 SVD_OVERSAMPLE = 16     # extra columns of the randomized range finder (svd_dense)
 SVD_POWER_ITERS = 4     # its power iterations, each re-orthonormalised
+ERR_RECHECK = 1e-2      # svd_dense recomputes a relative error below this from the matrix (cancellation)
 
 
 def svd_dense(delta, rank):
@@ -306,23 +409,33 @@ def svd_dense(delta, rank):
     is slow (16 s per module on a 2-core CPU; TIES, DARE-TIES and DELLA each need one per module), so a
     randomized SVD takes its place (Halko, Martinsson & Tropp 2011): an orthonormal basis Q of the range
     of delta @ Omega (Omega Gaussian, rank + SVD_OVERSAMPLE columns, fixed seed: deterministic), refined
-    by SVD_POWER_ITERS power iterations, then the exact SVD of the small Q^T delta. Its error is measured
-    on the matrix itself, ||delta - B A|| / ||delta||, so a poor approximation shows in the report."""
+    by SVD_POWER_ITERS power iterations, then the exact SVD of the small Q^T delta. The large work is
+    matrix products; the orthonormalisations and the small SVD are q x q eigenproblems in float64 on the CPU
+    (_orth, _small_svd), since cuSOLVER's QR and SVD were the time of a merge on the GPU (results/merge_speed.md).
+    The error is that of the matrix itself, ||delta - B A|| / ||delta||: B A = P delta with P an orthogonal
+    projector, so ||delta - B A||^2 = ||delta||^2 - sum of the kept S^2 exactly; below ERR_RECHECK (where
+    that difference cancels) it is measured on the matrix. A poor approximation shows in the report."""
     m, n = delta.shape
     q = rank + SVD_OVERSAMPLE
     if 2 * q > min(m, n):
         U, S, Vh = _svd(delta)
         return truncate(U, S, Vh, rank)
+    total2 = torch.linalg.vector_norm(delta, dtype=torch.float64).square().item()
+    if total2 == 0:
+        return (torch.zeros(m, rank, dtype=delta.dtype, device=delta.device),
+                torch.zeros(rank, n, dtype=delta.dtype, device=delta.device), 0.0)
     gen = torch.Generator(device=delta.device).manual_seed(0)
     omega = torch.randn(n, q, generator=gen, device=delta.device, dtype=delta.dtype)
-    Q = torch.linalg.qr(delta @ omega).Q
+    Q = _orth(delta @ omega)
     for _ in range(SVD_POWER_ITERS):
-        Q = torch.linalg.qr(delta.T @ Q).Q
-        Q = torch.linalg.qr(delta @ Q).Q
-    Uc, S, Vh = _svd(Q.T @ delta)
-    B, A, _ = truncate(Q @ Uc, S, Vh, rank)
-    total = delta.norm()
-    return B, A, ((delta - B @ A).norm() / total).item() if total > 0 else 0.0
+        Q = _orth(delta.T @ Q)
+        Q = _orth(delta @ Q)
+    Uc, S, A_small = _small_svd(Q.T @ delta, rank)
+    B, A = _balanced(Q, Uc, S, A_small, rank, delta)
+    err = math.sqrt(max(total2 - S.square().sum().item(), 0.0) / total2)
+    if err < ERR_RECHECK:
+        err = ((delta - B @ A).norm() / math.sqrt(total2)).item()
+    return B, A, err
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -406,6 +519,11 @@ def load_factors(ad, stem, device):
 # ----------------------------------------------------------------------------------------------------
 # One module
 
+def task_vectors(factors):
+    """The dense task vectors delta_i = B_i @ A_i of one module's factors [(A_i, B_i)] (scaling folded in)."""
+    return [b @ a for a, b in factors]
+
+
 def merge_module(method, space, factors, weights, params, lam, rank, stem, want_delta=False, compare_delta=False):
     """Merge one module's factors [(A_i, B_i)] (scaling folded in) -> dict(A, B, svd_rel_error[, delta, ...]).
 
@@ -427,7 +545,7 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
             B_out, A_out, err = B, A, 0.0
         delta = B @ A if (want_delta or compare_delta) else None
         if compare_delta:
-            ref = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+            ref = fn(task_vectors(factors), weights, **params, lam=lam, tag=stem + "/delta")
             norm = ref.norm()
             out["rel_error_vs_delta"] = ((delta - ref).norm() / norm).item() if norm > 0 else 0.0
             out["norm_ratio_vs_delta"] = (delta.norm() / norm).item() if norm > 0 else 0.0
@@ -443,7 +561,7 @@ def merge_module(method, space, factors, weights, params, lam, rank, stem, want_
             B_out, A_out, err = svd_lowrank_product(B_cat, A_cat, rank)
         delta = B_cat @ A_cat if want_delta else None
     else:
-        delta = fn([b @ a for a, b in factors], weights, **params, lam=lam, tag=stem + "/delta")
+        delta = fn(task_vectors(factors), weights, **params, lam=lam, tag=stem + "/delta")
         r_out = rank if rank is not None else sum(a.shape[0] for a, _ in factors)
         B_out, A_out, err = svd_dense(delta, r_out)
     out.update(A=A_out, B=B_out, svd_rel_error=err)

@@ -218,6 +218,142 @@ def test_svd_dense_randomized_matches_the_exact_truncation():
 
 
 # ---------------------------------------------------------------------------------------------------
+# The fast routes against the straightforward ones they replaced (results/merge_speed.md)
+
+def old_trim(x, density):
+    """The whole-tensor kthvalue trim merge.py used before kth_largest."""
+    k = int(round(density * x.numel()))
+    threshold = torch.kthvalue(x.abs().reshape(-1).float(), x.numel() - k + 1).values
+    return torch.where(x.abs() >= threshold, x, torch.zeros_like(x))
+
+
+def old_elect(stacked, w, norm):
+    """The sign election with peft's helper, as merge.py computed it before."""
+    from peft.utils.merge_utils import calculate_majority_sign_mask
+    wv = w.view((-1,) + (1,) * (stacked.dim() - 1))
+    weighted = stacked * wv
+    agree = calculate_majority_sign_mask(weighted, method="total")
+    num = (weighted * agree).sum(0)
+    if norm == "sum":
+        return num
+    den = (wv * agree).sum(0)
+    return torch.where(den > 0, num / den, torch.zeros_like(num))
+
+
+def old_svd_dense(delta, rank):
+    """The randomized SVD with Householder QRs and a dense SVD of Q^T delta (merge.py before _orth)."""
+    q = rank + merge.SVD_OVERSAMPLE
+    omega = torch.randn(delta.shape[1], q, generator=torch.Generator().manual_seed(0))
+    Q = torch.linalg.qr(delta @ omega).Q
+    for _ in range(merge.SVD_POWER_ITERS):
+        Q = torch.linalg.qr(delta.T @ Q).Q
+        Q = torch.linalg.qr(delta @ Q).Q
+    Uc, S, Vh = torch.linalg.svd(Q.T @ delta, full_matrices=False)
+    B, A, _ = merge.truncate(Q @ Uc, S, Vh, rank)
+    return B, A, ((delta - B @ A).norm() / delta.norm()).item()
+
+
+def ties_like(m, n, r=16, seed=0):
+    """A TIES merge of three random rank-r task vectors: dense, full rank, as the delta-space SVD sees it."""
+    g = torch.Generator().manual_seed(seed)
+    deltas = [torch.randn(m, r, generator=g) @ torch.randn(r, n, generator=g) for _ in range(3)]
+    return merge.ties(deltas, density=0.5)
+
+
+def test_kth_largest_equals_kthvalue():
+    g = torch.Generator().manual_seed(7)
+    cases = [torch.randn(300_000, generator=g).abs(),                              # the bracket holds
+             torch.cat([torch.zeros(200_000), torch.rand(100_000, generator=g)]),  # many ties at zero
+             (torch.arange(300_000) % 65536 == 0).float() * 5 + (torch.arange(300_000) % 7).float(),  # periodic
+             torch.full((300_000,), 2.5),                                         # all equal
+             torch.rand(1000, generator=g)]                                       # small: direct kthvalue
+    for a in cases:
+        n = a.numel()
+        for k in (1, 2, n // 3, n // 2, n - 1, n):
+            assert merge.kth_largest(a, k).item() == torch.kthvalue(a, n - k + 1).values.item(), (n, k)
+
+
+def test_fast_trim_and_election_equal_the_old_ones():
+    g = torch.Generator().manual_seed(8)
+    for shape in ((512, 700), (7, 5)):
+        xs = [torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) > 0.3) for _ in range(3)]
+        for density in (0.2, 0.5, 0.9):
+            for x in xs:
+                assert torch.equal(merge.trim_magnitude(x, density), old_trim(x, density))
+        stacked = torch.stack(xs)
+        for w in (torch.full((3,), 1 / 3), torch.tensor([0.5, 0.2, 0.3])):
+            for norm in ("mean", "sum"):
+                assert torch.allclose(merge.elect_sign_merge(stacked, w, norm), old_elect(stacked, w, norm),
+                                      rtol=1e-6, atol=1e-7)
+                assert torch.allclose(merge.elect_sign_merge(xs, w, norm), old_elect(stacked, w, norm),
+                                      rtol=1e-6, atol=1e-7)
+
+
+def test_threaded_draws_equal_the_serial_ones():
+    g = torch.Generator().manual_seed(9)
+    xs = [torch.randn(60, 80, generator=g) for _ in range(3)]
+    for norm in ("sum", "mean"):
+        kept = torch.stack([merge.random_keep(x, 0.4, merge.draw_seed(3, "t", i)) for i, x in enumerate(xs)])
+        assert torch.allclose(merge.dare_ties(xs, density=0.4, seed=3, tag="t", dare_norm=norm),
+                              old_elect(kept, torch.full((3,), 1 / 3), norm), rtol=1e-6, atol=1e-7)
+    kept = torch.stack([merge.random_keep(x, merge.della_keep_prob(x, 0.5, 0.1), merge.draw_seed(3, "t", i))
+                        for i, x in enumerate(xs)])
+    assert torch.allclose(merge.della(xs, density=0.5, epsilon=0.1, seed=3, tag="t"),
+                          old_elect(kept, torch.full((3,), 1 / 3), "mean"), rtol=1e-6, atol=1e-7)
+
+
+def test_orth_spans_the_range():
+    g = torch.Generator().manual_seed(10)
+    Y = torch.randn(400, 12, generator=g)
+    Q = merge._orth(Y)
+    assert Q.shape == (400, 12) and torch.allclose(Q.T @ Q, torch.eye(12), atol=1e-6)
+    Qh = torch.linalg.qr(Y).Q
+    assert torch.allclose(Q @ Q.T, Qh @ Qh.T, atol=1e-5)                  # the same projector as Householder's
+    low = torch.randn(400, 3, generator=g) @ torch.randn(3, 12, generator=g)   # rank 3 of 12 columns
+    Q = merge._orth(low)
+    assert Q.shape == (400, 3) and torch.allclose(Q @ (Q.T @ low), low, atol=1e-4)
+    assert merge._orth(torch.zeros(50, 4)).shape == (50, 0)
+
+
+def test_fast_svd_dense_equals_the_old_route():
+    """Same randomized SVD, new orthonormalisation and small SVD: the products agree to float rounding, the
+    reported errors agree, and a matrix of rank <= the output rank comes back exactly with error ~0."""
+    for m, n, rank, seed in ((300, 700, 16, 0), (700, 300, 48, 1), (256, 1024, 48, 2)):
+        d = ties_like(m, n, seed=seed)
+        b, a, err = merge.svd_dense(d, rank)
+        bo, ao, erro = old_svd_dense(d, rank)
+        scale = d.abs().max()
+        assert (b @ a - bo @ ao).abs().max() < 1e-4 * scale
+        assert math.isclose(err, erro, rel_tol=1e-5)
+        assert math.isclose(err, ((d - b @ a).norm() / d.norm()).item(), rel_tol=1e-5)
+        assert torch.allclose(b.T @ b, a @ a.T, rtol=1e-3, atol=1e-4 * scale)   # balanced: both sqrt(S)^2
+    g = torch.Generator().manual_seed(11)
+    low = torch.randn(300, 20, generator=g) @ torch.randn(20, 500, generator=g)     # rank 20 < 48
+    b, a, err = merge.svd_dense(low, 48)
+    assert err < 1e-5 and torch.allclose(b @ a, low, atol=1e-4)
+    b, a, err = merge.svd_dense(torch.zeros(300, 500), 48)
+    assert err == 0.0 and not b.any() and not a.any() and b.shape == (300, 48)
+
+
+def test_svd_lowrank_product_is_the_optimal_truncation():
+    """The product route's error equals the Eckart-Young optimum computed from a dense SVD of B A, and its
+    product equals that truncation; B = 0 (an untrained LoRA) gives zeros and error 0."""
+    g = torch.Generator().manual_seed(12)
+    for m, n, r, rank in ((200, 300, 48, 20), (300, 150, 48, 48), (120, 90, 30, 64)):
+        B, A = torch.randn(m, r, generator=g), torch.randn(r, n, generator=g)
+        U, S, Vh = torch.linalg.svd((B @ A).double(), full_matrices=False)
+        k = min(rank, r)
+        best = (U[:, :k] * S[:k]) @ Vh[:k]
+        optimal = (S[k:].square().sum() / S.square().sum()).sqrt().item()
+        b, a, err = merge.svd_lowrank_product(B, A, rank)
+        assert b.shape == (m, rank) and a.shape == (rank, n)
+        assert abs(err - optimal) < 1e-6
+        assert (b @ a - best.float()).abs().max() < 1e-4 * best.abs().max()
+    b, a, err = merge.svd_lowrank_product(torch.zeros(40, 6), torch.randn(6, 30, generator=g), 8)
+    assert err == 0.0 and not b.any() and not a.any() and b.shape == (40, 8) and a.shape == (8, 30)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Tiny Llama and adapter folders
 
 def tiny_config():
