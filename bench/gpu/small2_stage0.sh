@@ -12,7 +12,8 @@
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
 #   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite, nf4 and bf16 base (~2.5 min)
-#   PART=prefix bash bench/gpu/small2_stage0.sh  # the shared-prefix decode layout timed against today's (~2 min)
+#   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
+#   (PART=prefix, session 9, timed fastgen's shared-prefix layout: slower, removed with its flag)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
 #   every stage's process)
 # Each part fits one 10-minute call; a part cut short resumes in the next call (SFT checkpoints every 100 steps;
@@ -91,7 +92,7 @@ if [ "${PART:-}" = b ]; then
     cp runs/$r/opd_t/log.jsonl $OUT/opd_${mode}_log.jsonl
   done
   # The decode step at RL's batch (64 rows) with a short and an RL-long prompt: how much of it grows with
-  # the KV cache (what a shared-prefix attention could save) and how much is the per-step fixed cost.
+  # the KV cache and how much is the per-step fixed cost.
   [ -n "${SKIP_DECODE:-}" ] || for n in 0 4500; do          # 0: the default 565-token prompt
     TAIL=2 step profile_decode_$n 70 python3 bench/profile_decode.py --model $M --batch 64 --new-tokens 256 \
         --prompt-tokens $n --out $OUT/profile_decode_b64_p$n.json
@@ -112,11 +113,11 @@ if [ "${PART:-}" = cap ]; then
   tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
   for k in 0 1 2; do cp runs/capbench/4b/sft$k/log.jsonl $OUT/4b_sft${k}_log.jsonl 2>/dev/null; done
 fi
-if [ "${PART:-}" = prefix ]; then
-  # the shared-prefix decode layout (fastgen.SHARED_PREFIX, off by default) against today's, at RL's batch:
-  # 16 prompts x G 4 of ~4.6k tokens; then, if it is faster, RL steps with it on (MODES=stimulus PART=b)
-  TAIL=6 step profile_prefix 150 python3 bench/profile_decode.py --model $M --batch 64 --group 4 --new-tokens 256 \
-      --prompt-tokens 4500 --shared-prefix --out $OUT/profile_decode_prefix.json
+if [ "${PART:-}" = merge ]; then
+  # merge.py's phases on random r-16 experts of the 4B shapes (all 36 layers) and of SmolLM2's (session 9's faster
+  # trim / election / SVD; session 8's TIES took 81.8 s on the 4B adapters)
+  TAIL=6 step merge_4b 300 python3 bench/profile_merge.py --layers 0 --device cuda --json $OUT/merge_profile_4b.json
+  TAIL=6 step merge_small 120 python3 bench/profile_merge.py --small --layers 0 --device cuda --json $OUT/merge_profile_small.json
 fi
 if [ "${PART:-}" = grad ]; then
   # Which kernel makes the 4b SFT gradient non-finite (session 8: every 4b SFT step skipped, loss finite):
