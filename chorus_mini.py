@@ -659,7 +659,8 @@ def merge_cmd(c, o, name, lam=None, out=None):
 
 
 def merge_cmds(c, o, model):
-    """The merge stage. With merge_lams (several lambdas): each method merged at each lambda into
+    """The merge stage. With merge_lams (several lambdas): each method merged once (at lambda 1 when listed) and
+    rescaled to the other lambdas (every method is lambda x its lambda-1 merge: merge.py --rescale) into
     merge/tune/NAME_lamL, each candidate scored on the tuning tasks (tune_tasks: direct answers, tune_n samples),
     and the best (Pass@1, then Cov@1, then the lambda nearest 1) copied to merge/NAME with its choice.json.
     Without: each method once, at merge.py's lambda 1."""
@@ -667,10 +668,14 @@ def merge_cmds(c, o, model):
     if len(lams) < 2:
         return [merge_cmd(c, o, m, lams[0] if lams else None) for m in MERGES]
     cmds = []
+    first = 1.0 if 1.0 in lams else lams[0]     # merged once; the other lambdas rescale it (merge.py --rescale)
     for m in MERGES:
         cands = [o / "merge" / "tune" / f"{m}_lam{lam:g}" for lam in lams]
-        for lam, cand in zip(lams, cands):
-            cmds.append(merge_cmd(c, o, m, lam, cand))
+        base = cands[lams.index(first)]
+        for lam, cand in sorted(zip(lams, cands), key=lambda lc: lc[0] != first):
+            cmds.append(merge_cmd(c, o, m, lam, cand) if cand == base else
+                        Cmd(["python", "merge.py", "--rescale", rel(base), "--lam", lam, "--out", rel(cand)],
+                            done=cand / "done.json"))
             cmds.append(eval_cmd(c, o, model, cand, tune_tasks(c, o), cand / "tune_eval", c["tune_n"], 0))
         argv = ["python", "chorus_mini.py", "pick-merge", "--out", rel(o / "merge" / m), "--candidates", *map(rel, cands)]
         cmds.append(Cmd(argv, done=o / "merge" / m / "choice.json",

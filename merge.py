@@ -736,11 +736,47 @@ def merge_adapters(adapter_dirs, out_dir, method, space="adapter", weights=None,
     return report
 
 
+def rescale_merge(src, out_dir, lam):
+    """A merge at another lambda without merging again: every method here is lam x (a merge at lambda 1), and lam
+    sits on the B factors alone (both spaces), so SRC's B's are multiplied by lam / SRC's lambda. The product B A
+    equals merging at `lam` up to float rounding (tests/test_merge.py). Writes OUT as merge_adapters does, its
+    report's params.lam = lam and rescaled_from = SRC. Used by the merge stage for its lambda candidates."""
+    src, out_dir = Path(src), Path(out_dir)
+    report = json.loads((src / REPORT_FILE).read_text()) if (src / REPORT_FILE).is_file() else None
+    if report is None or not (src / ADAPTER_FILE).is_file():
+        raise MergeError(f"{src}: not a merge.py output (needs {ADAPTER_FILE} and {REPORT_FILE})")
+    if report["params"].get("full"):
+        raise MergeError(f"{src}: has a full model folder; rescale merges without --full")
+    if not report["params"].get("lam"):
+        raise MergeError(f"{src}: merged at lambda 0, which no rescale can undo")
+    factor = lam / report["params"]["lam"]
+    t0 = time.time()
+    with safe_open(str(src / ADAPTER_FILE), framework="pt") as f:
+        tensors = {k: (f.get_tensor(k).float() * factor).to(f.get_tensor(k).dtype) if ".lora_B." in k
+                   else f.get_tensor(k) for k in f.keys()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / (ADAPTER_FILE + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out_dir / ADAPTER_FILE)
+    shutil.copy2(src / CONFIG_FILE, out_dir / CONFIG_FILE)
+    report = {**report, "params": {**report["params"], "lam": lam}, "rescaled_from": str(src),
+              "output": {**report["output"], "dir": str(out_dir)},
+              "timings_s": {"rescale": round(time.time() - t0, 3)}}
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    rundir.write_result(out_dir, {k: report[k] for k in ("method", "space", "adapters", "params")} | {"rescaled_from": str(src)},
+                        {"timings_s": report["timings_s"]}, {"lam": lam, "factor": factor})
+    rundir.write_done(out_dir, "merge.py", {"adapter": ADAPTER_FILE, "report": REPORT_FILE, "result": "result.json"})
+    print(f"merge.py: {out_dir} = {src} at lambda {lam:g} (B x {factor:g})")
+    return report
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Merge LoRA experts of one base into one peft LoRA adapter "
                                              "(soup, ties, dare_ties, della; adapter or delta space).")
-    ap.add_argument("--method", required=True, choices=list(METHODS))
-    ap.add_argument("--adapters", required=True, nargs="+", help="peft adapter folders (same base, same modules)")
+    ap.add_argument("--method", choices=list(METHODS), help="required unless --rescale")
+    ap.add_argument("--adapters", nargs="+", help="peft adapter folders (same base, same modules); required unless --rescale")
+    ap.add_argument("--rescale", metavar="MERGED",
+                    help="instead of merging: MERGED (a merge.py output) at lambda --lam, by scaling its B factors")
     ap.add_argument("--out", required=True, help="output folder (adapter + merge_report.json [+ full/])")
     ap.add_argument("--space", default="adapter", choices=SPACES,
                     help="adapter: merge the A's and B's (cheap, cross terms); delta: merge B_i A_i exactly, then SVD")
@@ -765,6 +801,14 @@ def main(argv=None):
     ap.add_argument("--compare-delta", action="store_true",
                     help="adapter space: also report each module's distance to the delta-space merge")
     args = ap.parse_args(argv)
+    if args.rescale:
+        try:
+            rescale_merge(args.rescale, args.out, args.lam)
+        except MergeError as e:
+            sys.exit(f"merge.py: error: {e}")
+        return
+    if not args.method or not args.adapters:
+        ap.error("--method and --adapters are required (unless --rescale)")
     try:
         merge_adapters(args.adapters, args.out, args.method, space=args.space, weights=args.weights,
                        density=args.density, epsilon=args.epsilon, lam=args.lam, rank=args.rank, full=args.full,

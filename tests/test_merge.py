@@ -841,3 +841,30 @@ def test_merge_nll_scores_adapters_on_reference_answers(tmp_path):
                             f"zero={tmp_path / 'zero'}"])["norms"]
     assert norms["moved"]["norm_ratio"]["mean"] == pytest.approx(1.0) and norms["moved"]["cosine"]["min"] == pytest.approx(1.0)
     assert norms["zero"]["norm_ratio"]["max"] == 0.0
+
+
+@pytest.mark.parametrize("method,space", [("ties", "delta"), ("dare_ties", "adapter"), ("della", "delta")])
+def test_rescale_equals_merging_at_that_lambda(zoo, tmp_path, method, space):
+    """The merge stage's lambda candidates: a merge at lambda 1 rescaled to 0.5 / 1.5 (B x lambda) has the same
+    deltas as merging at 0.5 / 1.5 (same seed, same draws), and its report says the lambda it stands for."""
+    ads = [zoo["a0"], zoo["a1"], zoo["a2"]]
+    merge.merge_adapters(ads, tmp_path / "l1", method, space=space, seed=3)
+    for lam in (0.5, 1.5):
+        merge.main(["--rescale", str(tmp_path / "l1"), "--lam", str(lam), "--out", str(tmp_path / f"r{lam}")])
+        merge.merge_adapters(ads, tmp_path / f"m{lam}", method, space=space, seed=3, lam=lam)
+        got, want = deltas_of(tmp_path / f"r{lam}"), deltas_of(tmp_path / f"m{lam}")
+        assert set(got) == set(want) and max_rel(got, want) < 1e-5
+        rep = json.loads((tmp_path / f"r{lam}" / merge.REPORT_FILE).read_text())
+        assert rep["params"]["lam"] == lam and rep["rescaled_from"] == str(tmp_path / "l1") and rep["method"] == method
+        assert (tmp_path / f"r{lam}" / "done.json").is_file()
+    # from a candidate that is itself at 1.5: the factor is lam / 1.5
+    merge.main(["--rescale", str(tmp_path / "r1.5"), "--lam", "0.5", "--out", str(tmp_path / "back")])
+    assert max_rel(deltas_of(tmp_path / "back"), deltas_of(tmp_path / "m0.5")) < 1e-5
+
+
+def test_rescale_of_a_folder_that_is_not_a_merge_is_a_clear_error(zoo, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="not a merge.py output"):
+        merge.main(["--rescale", str(zoo["a0"]), "--lam", "0.5", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        merge.main(["--out", str(tmp_path / "y")])          # neither --rescale nor --method/--adapters
+    assert "--method and --adapters are required" in capsys.readouterr().err

@@ -343,10 +343,15 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
     o = tmp_path
     c = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.5, 1.0, 1.5]", "tune_n=2"])
     cmds = [[str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c, o, "M")]
-    merges = [a for a in cmds if a[1] == "merge.py"]
-    assert len(merges) == 3 * len(cm.MERGES) == 15
+    merges = [a for a in cmds if a[1] == "merge.py" and "--rescale" not in a]
+    assert len(merges) == len(cm.MERGES) == 5                    # one merge per method, at lambda 1
     mean = next(a for a in merges if "dare_ties_mean_lam1" in " ".join(a))
     assert mean[mean.index("--dare-norm") + 1] == "mean" and mean[mean.index("--lam") + 1] == "1.0"
+    rescales = [a for a in cmds if "--rescale" in a]               # the other lambdas scale it, after it
+    assert sorted((a[a.index("--rescale") + 1].rsplit("/", 1)[1], a[a.index("--lam") + 1]) for a in rescales
+                  if "soup" in a[a.index("--out") + 1]) == [("soup_lam1", "0.5"), ("soup_lam1", "1.5")]
+    assert len(rescales) == 10 and all(cmds.index(a) > cmds.index(next(
+        m for m in merges if m[m.index("--out") + 1] == a[a.index("--rescale") + 1])) for a in rescales)
     evals = [a for a in cmds if "eval" in a and "--tasks" in a]
     assert len(evals) == 15 and all(a[a.index("--rounds") + 1] == "0" and a[a.index("--n") + 1] == "2" for a in evals)
     assert all(a[a.index("--tasks") + 1] == str(cm.rel(cm.tune_tasks(c, o))) for a in evals)
