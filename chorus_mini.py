@@ -668,7 +668,10 @@ def merge_cmds(c, o, model):
     if len(lams) < 2:
         return [merge_cmd(c, o, m, lams[0] if lams else None) for m in MERGES]
     cmds = []
-    first = 1.0 if 1.0 in lams else lams[0]     # merged once; the other lambdas rescale it (merge.py --rescale)
+    if not any(lams):
+        raise SystemExit(f"chorus-mini: merge_lams {lams} has no non-zero lambda to merge at")
+    # merged once (at 1 when listed, else the first non-zero lambda); the others rescale it (merge.py --rescale)
+    first = 1.0 if 1.0 in lams else next(lam for lam in lams if lam)
     for m in MERGES:
         cands = [o / "merge" / "tune" / f"{m}_lam{lam:g}" for lam in lams]
         base = cands[lams.index(first)]

@@ -360,7 +360,8 @@ def _orth(Y):
 
 def _small_svd(C, rank):
     """Top-`rank` SVD of a short k x n matrix C from its k x k Gram matrix (float64, on the CPU): returns
-    (Uc (k x rank), S (rank,), A = sqrt(S) Vh (rank x n), both zero beyond the numerical rank) on C's device."""
+    (Uc (k x rank), S (rank,), A = sqrt(S) Vh (rank x n), zero beyond the numerical rank); Uc and A on C's
+    device, S on the CPU."""
     Cd = C.double()
     lam, V = torch.linalg.eigh((Cd @ Cd.T).cpu())
     lam, V = lam.flip(0)[:rank].clamp(min=0), V.flip(1)[:, :rank]
@@ -385,6 +386,9 @@ def _balanced(Q, Uc, S, A_small, rank, like):
 def svd_lowrank_product(B, A, rank):
     """Truncated SVD of B @ A without forming it: orthonormal bases of range(B) and range(A^T) (_orth), the SVD
     of the small core between them. Exact for a product (the optimal, Eckart-Young, rank-`rank` truncation)."""
+    B, A = B.float(), A.float()
+    if not (torch.isfinite(B).all() and torch.isfinite(A).all()):
+        raise MergeError("a factor of the product is not finite (inf/NaN): no SVD of it")
     Qb, Qa = _orth(B), _orth(A.T)
     core = (Qb.T @ B) @ (A @ Qa)                                   # kb x ka, B A = Qb core Qa^T
     total = core.double().square().sum()
@@ -415,12 +419,15 @@ def svd_dense(delta, rank):
     The error is that of the matrix itself, ||delta - B A|| / ||delta||: B A = P delta with P an orthogonal
     projector, so ||delta - B A||^2 = ||delta||^2 - sum of the kept S^2 exactly; below ERR_RECHECK (where
     that difference cancels) it is measured on the matrix. A poor approximation shows in the report."""
+    delta = delta.float()
     m, n = delta.shape
     q = rank + SVD_OVERSAMPLE
     if 2 * q > min(m, n):
         U, S, Vh = _svd(delta)
         return truncate(U, S, Vh, rank)
     total2 = torch.linalg.vector_norm(delta, dtype=torch.float64).square().item()
+    if not math.isfinite(total2):
+        raise MergeError("a merged delta is not finite (inf/NaN): no SVD of it")
     if total2 == 0:
         return (torch.zeros(m, rank, dtype=delta.dtype, device=delta.device),
                 torch.zeros(rank, n, dtype=delta.dtype, device=delta.device), 0.0)
@@ -513,6 +520,8 @@ def load_factors(ad, stem, device):
     with safe_open(str(ad["path"] / ADAPTER_FILE), framework="pt") as f:
         A = f.get_tensor(stem + ".lora_A.weight").to(device=device, dtype=torch.float32)
         B = f.get_tensor(stem + ".lora_B.weight").to(device=device, dtype=torch.float32)
+    if not (torch.isfinite(A).all() and torch.isfinite(B).all()):   # the SVD would silently zero the module
+        raise MergeError(f"{ad['path']}: module {stem} has non-finite LoRA weights (inf/NaN)")
     return A * root, B * root
 
 
@@ -742,6 +751,10 @@ def rescale_merge(src, out_dir, lam):
     equals merging at `lam` up to float rounding (tests/test_merge.py). Writes OUT as merge_adapters does, its
     report's params.lam = lam and rescaled_from = SRC. Used by the merge stage for its lambda candidates."""
     src, out_dir = Path(src), Path(out_dir)
+    if not math.isfinite(lam):
+        raise MergeError(f"lambda {lam} is not a number")
+    if out_dir.resolve() == src.resolve():
+        raise MergeError(f"--out {out_dir} is the merge being rescaled; give another folder")
     report = json.loads((src / REPORT_FILE).read_text()) if (src / REPORT_FILE).is_file() else None
     if report is None or not (src / ADAPTER_FILE).is_file():
         raise MergeError(f"{src}: not a merge.py output (needs {ADAPTER_FILE} and {REPORT_FILE})")
@@ -751,9 +764,9 @@ def rescale_merge(src, out_dir, lam):
         raise MergeError(f"{src}: merged at lambda 0, which no rescale can undo")
     factor = lam / report["params"]["lam"]
     t0 = time.time()
-    with safe_open(str(src / ADAPTER_FILE), framework="pt") as f:
-        tensors = {k: (f.get_tensor(k).float() * factor).to(f.get_tensor(k).dtype) if ".lora_B." in k
-                   else f.get_tensor(k) for k in f.keys()}
+    with safe_open(str(src / ADAPTER_FILE), framework="pt") as f:   # bf16 B's are rounded a second time here
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors = {k: (t.float() * factor).to(t.dtype) if ".lora_B." in k else t for k, t in tensors.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / (ADAPTER_FILE + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -789,7 +802,7 @@ def main(argv=None):
                          "dare_ties default, normalize: false; ~ the soup on experts of one lineage); 'mean' = their "
                          "weighted mean (peft, the DARE reference code, mergekit normalize: true; ~1/density x the "
                          f"soup on such experts). Default {DEFAULT_DARE_NORM}")
-    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=1.0, help="scale of the merged delta. DELLA and "
+    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=None, help="scale of the merged delta (default 1). DELLA and "
                     "DARE-TIES --dare-norm mean on experts that share a lineage come out ~1/density times the soup "
                     "(rescale + disjoint mean): lam ~ density compensates (results/small_run.md)")
     ap.add_argument("--rank", type=int, help="output rank by truncated SVD of the merged delta "
@@ -802,6 +815,10 @@ def main(argv=None):
                     help="adapter space: also report each module's distance to the delta-space merge")
     args = ap.parse_args(argv)
     if args.rescale:
+        given = [flag for flag, v in (("--method", args.method), ("--adapters", args.adapters), ("--rank", args.rank),
+                                      ("--full", args.full), ("--weights", args.weights)) if v]
+        if given or args.lam is None:
+            ap.error("--rescale takes only --lam (required) and --out" + (f", not {' '.join(given)}" if given else ""))
         try:
             rescale_merge(args.rescale, args.out, args.lam)
         except MergeError as e:
@@ -811,7 +828,8 @@ def main(argv=None):
         ap.error("--method and --adapters are required (unless --rescale)")
     try:
         merge_adapters(args.adapters, args.out, args.method, space=args.space, weights=args.weights,
-                       density=args.density, epsilon=args.epsilon, lam=args.lam, rank=args.rank, full=args.full,
+                       density=args.density, epsilon=args.epsilon, lam=1.0 if args.lam is None else args.lam,
+                       rank=args.rank, full=args.full,
                        base=args.base, seed=args.seed, device=args.device, compare_delta=args.compare_delta,
                        dare_norm=args.dare_norm)
     except MergeError as e:

@@ -126,21 +126,25 @@ def weight_stats(named_tensors):
         kind = ".".join(name.split(".")[-2:])
         w = p.detach().float()
         fin = torch.isfinite(w)
-        r = out.setdefault(kind, {"tensors": 0, "std_sum": 0.0, "max_abs": 0.0, "nonfinite": 0})
+        r = out.setdefault(kind, {"tensors": 0, "std_sum": 0.0, "std_min": float("inf"), "std_max": 0.0,
+                                  "max_abs": 0.0, "nonfinite": 0})
+        std = float(w[fin].std()) if fin.sum() > 1 else 0.0
         r["tensors"] += 1
-        r["std_sum"] += float(w[fin].std()) if fin.sum() > 1 else 0.0
+        r["std_sum"] += std
+        r["std_min"], r["std_max"] = min(r["std_min"], std), max(r["std_max"], std)
         r["max_abs"] = max(r["max_abs"], float(w[fin].abs().max()) if fin.any() else 0.0)
         r["nonfinite"] += int((~fin).sum())
-    return {k: {"tensors": r["tensors"], "std": round(r["std_sum"] / r["tensors"], 5), "max_abs": round(r["max_abs"], 4),
-                "nonfinite": r["nonfinite"]} for k, r in sorted(out.items())}
+    return {k: {"tensors": r["tensors"], "std": round(r["std_sum"] / r["tensors"], 5), "std_min": round(r["std_min"], 5),
+                "std_max": round(r["std_max"], 5), "max_abs": round(r["max_abs"], 4), "nonfinite": r["nonfinite"]}
+            for k, r in sorted(out.items())}
 
 
 def check_init(stats, std):
-    """Raise unless every matrix has a per-tensor std within 10 % of `std`, norms are exactly 1, and nothing is
-    non-finite: what a random folder must hold before a stage trains on it."""
+    """Raise unless every matrix's std (each tensor: the smallest and the largest of its kind) is within 10 % of
+    `std`, norms are exactly 1, and nothing is non-finite: what a random folder must hold before a stage trains on it."""
     bad = [f"{k}: {r}" for k, r in stats.items() if r["nonfinite"]
-           or ("norm" in k and not (r["std"] == 0 and r["max_abs"] == 1.0))
-           or ("norm" not in k and r["std"] and abs(r["std"] / std - 1) > 0.1)]
+           or ("norm" in k and not (r["std_max"] == 0 and r["max_abs"] == 1.0))
+           or ("norm" not in k and not (0.9 * std <= r["std_min"] <= r["std_max"] <= 1.1 * std))]
     if bad:
         raise RuntimeError("the random model's weights are not as initialised: " + "; ".join(bad[:4]))
 
@@ -183,6 +187,12 @@ def build_qwen3_4b(folder, tokenizer_source, seed=0):
     os.replace(tmp, folder)
     del model
     return info
+
+
+def small_model_folder(model_small):
+    """The SmolLM2 HF folder (the GGUF converted once by common) whose tokenizer the 4B model uses."""
+    path = model_small or common.default_model_path()
+    return common.gguf_to_hf_folder(path) if str(path).endswith(".gguf") else str(path)
 
 
 # -----------------------------------------------------------------------------

@@ -188,6 +188,14 @@ def main(argv=None):
     kernels = [k for k in args.kernels if device.type == "cuda" or k != "no_cudnn"]
     results = {}
     model.train()
+    trace = None
+    if args.trace:      # first: the model as loaded (the _fp32base variants below upcast its frozen weights)
+        trace = trace_pass(model, batch, device, use_bf16)
+        trace["frozen_dtypes"] = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()
+                                         if not p.requires_grad})
+        if args.model and Path(args.model).is_dir():
+            trace["weights"] = scan_weights(args.model)
+        print(json.dumps(trace, indent=1)[:6000])
     # common._prepare_kbit casts a 4-bit model's norms and embeddings to bf16 on CUDA (peft leaves them fp32): the
     # last variants undo that cast, with the default kernel (not on CPU or a model without a 4-bit base)
     upcast = [p for p in model.parameters()
@@ -213,12 +221,6 @@ def main(argv=None):
         print(f"{name:14s} " + (r["error"] if "error" in r else
               f"loss {r['loss']:.4f}  grad norm {r['grad_norm']}  non-finite params {r['nonfinite_params']['count']}"
               + (f" (first {r['nonfinite_params']['first']})" if r["nonfinite_params"]["count"] else "")))
-    trace = None
-    if args.trace:
-        trace = trace_pass(model, batch, device, use_bf16)
-        if args.model and Path(args.model).is_dir():
-            trace["weights"] = scan_weights(args.model)
-        print(json.dumps(trace, indent=1)[:6000])
     out = {"bench": "grad_check", "command": "python " + " ".join(sys.argv), "git": common.git_info(),
            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
            "versions": {"torch": torch.__version__}, "model": "tiny" if args.tiny else args.model,

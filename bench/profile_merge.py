@@ -15,9 +15,11 @@ synchronize on both sides, which removes some overlap; the totals are merge.py's
 Reduced layer counts (--layers) give the time of that many layers; the JSON's `extrapolated_s` scales the
 per-module phases by full_layers / layers and adds the fixed part (start-up, config, write of the small
 files) once. It is an estimate, marked as such; a full-size run (--layers 0 = all) measures it.
-The merge stage runs each method at each of the profile's merge_lams (15 merges for 4b and small);
---all-lams runs them all here, otherwise one merge per method (lambda 1), and the stage's time is about
-len(merge_lams) times that.
+The merge stage merges each method once and rescales it to the profile's other merge_lams (merge.py --rescale,
+a fraction of a second each), so one merge per method (lambda 1, the default here) is the stage's merge work;
+--all-lams merges at every lambda (the stage before session 9).
+The "drop" phase (DARE/DELLA's random draws) runs in one thread per expert: its seconds add up the threads'
+wall times, an upper bound of the phase's share of the merge.
 """
 import argparse
 import contextlib

@@ -148,18 +148,38 @@ def test_the_random_model_weights_are_drawn_from_the_seed_and_checked():
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), n                  # the seed decides every weight, whatever init ran before
     stats = capbench.weight_stats(a.named_parameters())
-    assert stats["q_norm.weight"] == {"tensors": 2, "std": 0.0, "max_abs": 1.0, "nonfinite": 0}
+    assert stats["q_norm.weight"] == {"tensors": 2, "std": 0.0, "std_min": 0.0, "std_max": 0.0, "max_abs": 1.0,
+                                      "nonfinite": 0}
     assert stats["down_proj.weight"]["tensors"] == 2 and abs(stats["down_proj.weight"]["std"] - 0.02) < 0.002
     assert stats["embed_tokens.weight"]["tensors"] == 1          # the tied lm_head is the same tensor
     capbench.check_init(stats, 0.02)
-    with torch.no_grad():
-        a.model.layers[1].mlp.up_proj.weight.mul_(10)
-    with pytest.raises(RuntimeError, match="up_proj.weight"):
-        capbench.check_init(capbench.weight_stats(a.named_parameters()), 0.02)
+    for bad in (10.0, 0.0, 1.5):         # one layer's tensor off (the kind's mean alone would hide a 2-layer mix)
+        c = _tiny_qwen3()
+        capbench.init_random_weights(c, std=0.02, seed=3)
+        with torch.no_grad():
+            c.model.layers[1].mlp.up_proj.weight.mul_(bad)
+        with pytest.raises(RuntimeError, match="up_proj.weight"):
+            capbench.check_init(capbench.weight_stats(c.named_parameters()), 0.02)
     with torch.no_grad():
         b.model.layers[0].self_attn.k_norm.weight[0] = float("nan")
     with pytest.raises(RuntimeError, match="k_norm.weight"):
         capbench.check_init(capbench.weight_stats(b.named_parameters()), 0.02)
+
+
+def test_the_4b_profile_builds_its_random_model_from_the_small_model_tokenizer(tmp_path, monkeypatch):
+    """main's 4b branch (no --model-4b): the random folder is built (or reused) in OUT/qwen3_4b_random with the
+    tokenizer of --model-small, and that folder is the model the profile runs with (stages not run here)."""
+    calls, argvs = [], []
+    monkeypatch.setattr(capbench, "build_qwen3_4b", lambda folder, tok: calls.append((folder, tok)) or {"built": True})
+    monkeypatch.setattr(capbench, "run_profile", lambda argv, log, console=True: argvs.append(argv) or (lambda: 0))
+    small = tmp_path / "smol_hf"
+    small.mkdir()
+    out = tmp_path / "cb"
+    assert capbench.main(["--profiles", "4b", "--model-small", str(small), "--out", str(out), "--json",
+                          str(tmp_path / "r.json"), "--cap-gib", "0"]) == 0
+    assert calls == [(str(out / "qwen3_4b_random"), str(small))]
+    argv = argvs[0]
+    assert argv[argv.index("--profile") + 1] == "4b" and f"model={out / 'qwen3_4b_random'}" in argv
 
 
 def test_budget_sets_are_valid_profile_overrides():

@@ -6,6 +6,7 @@ The adapter-vs-delta comparison in results/merge.md:  python tests/test_merge.py
 import json
 import math
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -868,3 +869,34 @@ def test_rescale_of_a_folder_that_is_not_a_merge_is_a_clear_error(zoo, tmp_path,
     with pytest.raises(SystemExit):
         merge.main(["--out", str(tmp_path / "y")])          # neither --rescale nor --method/--adapters
     assert "--method and --adapters are required" in capsys.readouterr().err
+
+
+def test_rescale_refuses_what_it_would_ignore_or_clobber(zoo, tmp_path, capsys):
+    merge.merge_adapters([zoo["a0"], zoo["a1"]], tmp_path / "m", "ties", space="delta")
+    for argv, msg in ((["--lam", "0.5", "--method", "ties"], "not --method"), ([], "--lam (required)")):
+        with pytest.raises(SystemExit):
+            merge.main(["--rescale", str(tmp_path / "m"), "--out", str(tmp_path / "x"), *argv])
+        assert msg in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="is the merge being rescaled"):
+        merge.main(["--rescale", str(tmp_path / "m"), "--lam", "0.5", "--out", str(tmp_path / "m")])
+    with pytest.raises(SystemExit, match="not a number"):
+        merge.main(["--rescale", str(tmp_path / "m"), "--lam", "nan", "--out", str(tmp_path / "x")])
+
+
+def test_a_non_finite_expert_is_a_clear_error_not_a_zeroed_module(zoo, tmp_path):
+    """The Gram-matrix SVD would turn a NaN into an empty basis (a zero module, error 0): refuse it by name."""
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "bad"
+    shutil.copytree(zoo["a1"], bad)
+    sd = load_file(str(bad / merge.ADAPTER_FILE))
+    key = sorted(k for k in sd if k.endswith("lora_B.weight"))[0]
+    sd[key][0, 0] = float("nan")
+    save_file(sd, str(bad / merge.ADAPTER_FILE))
+    with pytest.raises(merge.MergeError, match="non-finite LoRA weights"):
+        merge.merge_adapters([zoo["a0"], bad], tmp_path / "out", "ties", space="delta")
+    with pytest.raises(merge.MergeError, match="not finite"):
+        merge.svd_dense(torch.full((300, 500), float("nan")), 8)
+    B, A = torch.randn(40, 4), torch.randn(4, 30)
+    B[1, 1] = float("inf")
+    with pytest.raises(merge.MergeError, match="not finite"):
+        merge.svd_lowrank_product(B, A, 2)

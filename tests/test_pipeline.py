@@ -371,6 +371,13 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
     assert choice["chosen"]["lam"] == 0.5 and len(choice["candidates"]) == 3
     assert (o / "merge" / "soup" / "adapter_model.safetensors").read_text() == "weights 0.5"
     assert not (o / "merge" / "soup" / "tune_eval").exists() and not (o / "merge" / "soup" / "done.json").exists()
+    c0 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.0, 0.5]"])     # no 1: merged at 0.5, 0 rescales it
+    a0 = [[str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c0, o, "M")]
+    soup0 = [a for a in a0 if a[1] == "merge.py" and "soup" in " ".join(a)]
+    assert soup0[0][soup0[0].index("--lam") + 1] == "0.5" and "--rescale" in soup0[1]
+    assert soup0[1][soup0[1].index("--lam") + 1] == "0.0"
+    with pytest.raises(SystemExit, match="no non-zero lambda"):
+        cm.merge_cmds(cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.0, 0.0]"]), o, "M")
     c1 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
     assert all("pick-merge" not in [str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c1, o, "M"))
     assert cm.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]

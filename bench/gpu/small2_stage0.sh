@@ -11,7 +11,7 @@
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
-#   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite, nf4 and bf16 base (~2.5 min)
+#   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite: as run, fp32 without autocast, random tokens (~5 min)
 #   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
 #   (PART=prefix, session 9, timed fastgen's shared-prefix layout: slower, removed with its flag)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
