@@ -184,7 +184,8 @@ def main(argv=None):
                 per_module = sum(s for p, s in timer.seconds.items() if p != "write")
                 fixed = wall - per_module
                 scale = full_layers / n_layers
-                row = {"merge": name, "lam": lam, "argv": "python merge.py " + " ".join(map(shlex.quote, argv)),
+                row = {"merge": name, "lam": lam,           # the work folder shown as $WORK (a temporary folder by default)
+                       "argv": ("python merge.py " + " ".join(map(shlex.quote, argv))).replace(str(work), "$WORK"),
                        "wall_s": round(wall, 3), "report_timings_s": rep["timings_s"], "phases_s": phases,
                        "phase_calls": dict(timer.calls), "other_s": round(fixed - timer.seconds.get("write", 0), 3),
                        "svd_rel_error_mean": rep["summary"]["svd_rel_error_mean"],
