@@ -421,13 +421,13 @@ def svd_dense(delta, rank):
     that difference cancels) it is measured on the matrix. A poor approximation shows in the report."""
     delta = delta.float()
     m, n = delta.shape
+    total2 = torch.linalg.vector_norm(delta, dtype=torch.float64).square().item()
+    if not math.isfinite(total2):
+        raise MergeError("a merged delta is not finite (inf/NaN): no SVD of it")
     q = rank + SVD_OVERSAMPLE
     if 2 * q > min(m, n):
         U, S, Vh = _svd(delta)
         return truncate(U, S, Vh, rank)
-    total2 = torch.linalg.vector_norm(delta, dtype=torch.float64).square().item()
-    if not math.isfinite(total2):
-        raise MergeError("a merged delta is not finite (inf/NaN): no SVD of it")
     if total2 == 0:
         return (torch.zeros(m, rank, dtype=delta.dtype, device=delta.device),
                 torch.zeros(rank, n, dtype=delta.dtype, device=delta.device), 0.0)
@@ -776,8 +776,8 @@ def rescale_merge(src, out_dir, lam):
               "output": {**report["output"], "dir": str(out_dir)},
               "timings_s": {"rescale": round(time.time() - t0, 3)}}
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    rundir.write_result(out_dir, {k: report[k] for k in ("method", "space", "adapters", "params")} | {"rescaled_from": str(src)},
-                        {"timings_s": report["timings_s"]}, {"lam": lam, "factor": factor})
+    config = {k: report[k] for k in ("method", "space", "adapters", "params")} | {"rescaled_from": str(src)}
+    rundir.write_result(out_dir, config, {"timings_s": report["timings_s"]}, {"lam": lam, "factor": factor})
     rundir.write_done(out_dir, "merge.py", {"adapter": ADAPTER_FILE, "report": REPORT_FILE, "result": "result.json"})
     print(f"merge.py: {out_dir} = {src} at lambda {lam:g} (B x {factor:g})")
     return report
@@ -787,7 +787,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Merge LoRA experts of one base into one peft LoRA adapter "
                                              "(soup, ties, dare_ties, della; adapter or delta space).")
     ap.add_argument("--method", choices=list(METHODS), help="required unless --rescale")
-    ap.add_argument("--adapters", nargs="+", help="peft adapter folders (same base, same modules); required unless --rescale")
+    ap.add_argument("--adapters", nargs="+",
+                    help="peft adapter folders (same base, same modules); required unless --rescale")
     ap.add_argument("--rescale", metavar="MERGED",
                     help="instead of merging: MERGED (a merge.py output) at lambda --lam, by scaling its B factors")
     ap.add_argument("--out", required=True, help="output folder (adapter + merge_report.json [+ full/])")
@@ -802,7 +803,8 @@ def main(argv=None):
                          "dare_ties default, normalize: false; ~ the soup on experts of one lineage); 'mean' = their "
                          "weighted mean (peft, the DARE reference code, mergekit normalize: true; ~1/density x the "
                          f"soup on such experts). Default {DEFAULT_DARE_NORM}")
-    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=None, help="scale of the merged delta (default 1). DELLA and "
+    ap.add_argument("--lam", "--lambda", dest="lam", type=float, default=None,
+                    help="scale of the merged delta (default 1). DELLA and "
                     "DARE-TIES --dare-norm mean on experts that share a lineage come out ~1/density times the soup "
                     "(rescale + disjoint mean): lam ~ density compensates (results/small_run.md)")
     ap.add_argument("--rank", type=int, help="output rank by truncated SVD of the merged delta "
