@@ -101,9 +101,10 @@ BUILD_VERSION = 2     # 1 (session 8): built on the GPU by transformers' own ini
 def init_random_weights(model, std=0.02, seed=0):
     """Every weight of `model` drawn here, on CPU, from one seeded generator: linear and embedding matrices
     N(0, std), norm weights 1, biases 0. The 4B folder then does not depend on the transformers version or the
-    device that built it (session 9: a folder built on the H200 by transformers 5.17's initialiser gave gradients
-    that grew ~500x per layer and overflowed in the backward of every 4b SFT step, in every attention kernel and
-    precision; CPU-initialised weights of the same shape give finite ones that shrink with depth)."""
+    device that built it (session 9: with a folder built on the H200 by transformers 5.17's initialiser, the
+    gradient of every 4b SFT step grew ~500x per layer and overflowed, in every attention kernel and precision;
+    on CPU, freshly initialised weights of the same width give gradients that shrink with depth. Whether the
+    folder or the GPU's compute was the cause is not settled yet: results/bench.md, session 9)."""
     import torch
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -117,7 +118,8 @@ def init_random_weights(model, std=0.02, seed=0):
 
 
 def weight_stats(named_tensors):
-    """{kind: {"tensors", "std": mean of the per-tensor std, "max_abs": largest |w|, "nonfinite": count}} over
+    """{kind: {"tensors", "std": mean of the per-tensor std, "std_min" / "std_max": its range, "max_abs": largest
+    |w|, "nonfinite": count}} over
     (name, tensor) pairs (a model's named_parameters(), a safetensors file's tensors), grouped by the name's
     last two parts (q_proj.weight, q_norm.weight, ...: one row for all layers)."""
     import torch
