@@ -297,9 +297,13 @@ OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail"
 # -----------------------------------------------------------------------------
 # --set key=value (nanoGPT's configurator, checked)
 
+# keys that are None in every profile, and the type their value takes when set
+NULLABLE_KEYS = {"sft_val_every": int, "tune_limit": int}
+
+
 def key_types(key):
     """The types a key takes across the profiles; None in any profile makes it nullable."""
-    return {type(p[key]) for p in PROFILES.values() if key in p}
+    return {type(p[key]) for p in PROFILES.values() if key in p} | ({NULLABLE_KEYS[key]} if key in NULLABLE_KEYS else set())
 
 
 def apply_overrides(config, items):

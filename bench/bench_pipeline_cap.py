@@ -26,15 +26,13 @@ What it does, in order:
     result.json under OUT/P/S: setup.gpu_peak, written by rundir.write_result; null on CPU) and
     nvidia-smi's whole-GPU peak (done.json), into --json; prints the markdown section last.
 
-ESTIMATE (H200, not measured yet): the time is mostly process start-up. A profile is ~28 GPU processes
-(sft x3, data2, rl x3, merge x4, val x3, opd x3, eval x11; eval_syn has no tasks with --skip-eval-syn, the
-default) plus the data stage's CPU simulations. small: ~8-12 s a process (python + torch import, SmolLM2
-load, CUDA graph capture; a fresh machine converts the GGUF once, ~40 s) -> ~5-6 min; 4b: ~15-20 s a process
-(4-bit load of the 7.5 GB folder ~5 s, packing + graph capture of 36 layers) plus building the 4B folder once
-(~30 s) -> ~8-10 min. Both: ~13-16 min one after the other, ~10 min with --parallel (the two capped
-processes share the H200; seconds then include the contention, peaks do not). Over 10 minutes (one device
-call's limit): run the same command again (finished stages are skipped), or one profile per command with
-the same --json (a profile's entry is added to what the file holds).
+MEASURED (H200, session 10, results/bench.md): the time is mostly process start-up, ~30 GPU processes a profile
+(sft x3, data2, rl x3, merge 5 merges + 15 candidate evaluations, val x3, opd x3, eval x14; eval_syn has no tasks
+with --skip-eval-syn, the default). small: all stages in ~5-6 min (session 7). 4b: data..opd_nogate took ~1150 s
+of stages over three calls, the merge stage ~700 s of it with 58 tuning tasks (now 4, BUDGETS), plus building the
+4B folder once (~200 s with transformers' initialiser and a masked statistics pass, both since removed; not
+re-measured). Over 10 minutes (one device call's limit): run the same command again (finished stages are skipped),
+or one profile per command with the same --json (a profile's entry is added to what the file holds).
 """
 import argparse
 import json
@@ -63,7 +61,10 @@ BUDGETS = {
     "common": {"real_tasks": 0, "real_val_tasks": 0, "real_corpus": "", "val_tasks": 2, "sft_epochs": 1,
                "stage2_n": 1, "max_new_tokens": 64, "rl_steps": 2, "rl_prompts": 2, "rl_max_extra_prompts": 2,
                "opd_steps": 2, "opd_prompts": 2, "eval_limit": 2, "eval_n": 1, "eval_rounds": 1, "val_n": 1,
-               "val_rounds": 0, "test_tasks": 2, "test_n": 1, "test_rounds": 0, "save_every": 10},
+               "val_rounds": 0, "test_tasks": 2, "test_n": 1, "test_rounds": 0, "save_every": 10,
+               # 4 tuning tasks: SFT validation, the 15 merge candidates and val evaluate them (session 10: 58 tasks
+               # made the 4b merge stage ~700 s, mostly evaluation)
+               "tune_limit": 4},
     # small: 8 tasks x 2 teacher tries -> ~16 stage-0 rows: one full 16-row SFT micro-batch, the case the cap is about
     "small": {"train_tasks": 8, "sft_limit": 16},
     # 4b: batch 1 x grad-accum 24 in the profile; 4 rows = one optimizer step of 4 micro-batches
@@ -103,8 +104,9 @@ def init_random_weights(model, std=0.02, seed=0):
     N(0, std), norm weights 1, biases 0. The 4B folder then does not depend on the transformers version or the
     device that built it (session 9: with a folder built on the H200 by transformers 5.17's initialiser, the
     gradient of every 4b SFT step grew ~500x per layer and overflowed, in every attention kernel and precision;
-    on CPU, freshly initialised weights of the same width give gradients that shrink with depth. Whether the
-    folder or the GPU's compute was the cause is not settled yet: results/bench.md, session 9)."""
+    on CPU, freshly initialised weights of the same width give gradients that shrink with depth. Session 10: on a
+    folder drawn here, the same GPU, kernels and autocast gave finite gradients in every step, so the folder was the
+    cause: results/bench.md)."""
     import torch
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -126,16 +128,18 @@ def weight_stats(named_tensors):
     out = {}
     for name, p in named_tensors:
         kind = ".".join(name.split(".")[-2:])
-        w = p.detach().float()
-        fin = torch.isfinite(w)
+        w = p.detach().float().flatten()
+        bad = int(w.numel() - torch.isfinite(w).sum())
+        if bad:                          # masking copies the tensor: only where something is non-finite
+            w = w[torch.isfinite(w)]
         r = out.setdefault(kind, {"tensors": 0, "std_sum": 0.0, "std_min": float("inf"), "std_max": 0.0,
                                   "max_abs": 0.0, "nonfinite": 0})
-        std = float(w[fin].std()) if fin.sum() > 1 else 0.0
+        std = float(w.std()) if w.numel() > 1 else 0.0
         r["tensors"] += 1
         r["std_sum"] += std
         r["std_min"], r["std_max"] = min(r["std_min"], std), max(r["std_max"], std)
-        r["max_abs"] = max(r["max_abs"], float(w[fin].abs().max()) if fin.any() else 0.0)
-        r["nonfinite"] += int((~fin).sum())
+        r["max_abs"] = max(r["max_abs"], float(w.abs().amax()) if w.numel() else 0.0)
+        r["nonfinite"] += bad
     return {k: {"tensors": r["tensors"], "std": round(r["std_sum"] / r["tensors"], 5), "std_min": round(r["std_min"], 5),
                 "std_max": round(r["std_max"], 5), "max_abs": round(r["max_abs"], 4), "nonfinite": r["nonfinite"]}
             for k, r in sorted(out.items())}
@@ -151,10 +155,11 @@ def check_init(stats, std):
         raise RuntimeError("the random model's weights are not as initialised: " + "; ".join(bad[:4]))
 
 
-def build_qwen3_4b(folder, tokenizer_source, seed=0):
+def build_qwen3_4b(folder, tokenizer_source, seed=0, shape=None):
     """A random Qwen3-4B-shaped model (bf16, every weight drawn on CPU by init_random_weights) with the
     tokenizer of `tokenizer_source` (an HF folder), saved as an HF folder with build.json (the weight statistics).
-    Reused when folder/build.json has this BUILD_VERSION, else rebuilt."""
+    Reused when folder/build.json has this BUILD_VERSION, else rebuilt. `shape`: QWEN3_4B (default) or a smaller
+    one of the same keys (tests)."""
     folder = Path(folder)
     built = common_read(folder / "build.json") or {}
     if built.get("version") == BUILD_VERSION and (folder / "config.json").is_file():
@@ -165,16 +170,20 @@ def build_qwen3_4b(folder, tokenizer_source, seed=0):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(tokenizer_source)
-    shape = {k: v for k, v in QWEN3_4B.items() if k != "rope_theta"}
+    full = shape or QWEN3_4B
+    shape = {k: v for k, v in full.items() if k != "rope_theta"}
     ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-               use_sliding_window=False, max_window_layers=QWEN3_4B["num_hidden_layers"])
+               use_sliding_window=False, max_window_layers=full["num_hidden_layers"])
     try:
-        cfg = Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": QWEN3_4B["rope_theta"]}, **shape, **ids)
+        cfg = Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": full["rope_theta"]}, **shape, **ids)
     except TypeError:   # a transformers without rope_parameters
-        cfg = Qwen3Config(rope_theta=QWEN3_4B["rope_theta"], **shape, **ids)
+        cfg = Qwen3Config(rope_theta=full["rope_theta"], **shape, **ids)
     print(f"[capbench] building a random Qwen3-4B-shaped model (vocab {len(tok)}) on CPU -> {folder}")
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)     # on CPU; its weights are redrawn
+    with torch.device("meta"):       # no initialiser runs: init_random_weights draws every parameter below
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = model.to_empty(device="cpu")
+    model.tie_weights()             # to_empty gives the tied lm_head a tensor of its own; one again
     init_random_weights(model, std=cfg.initializer_range, seed=seed)
     stats = weight_stats(model.named_parameters())
     check_init(stats, cfg.initializer_range)

@@ -166,6 +166,34 @@ def test_the_random_model_weights_are_drawn_from_the_seed_and_checked():
         capbench.check_init(capbench.weight_stats(b.named_parameters()), 0.02)
 
 
+def test_the_random_folder_is_built_without_an_initialiser_and_reloads_tied(tmp_path):
+    """build_qwen3_4b at a tiny Qwen3 shape: every weight comes from the seed (meta device, no transformers
+    initialiser), the tied lm_head stays tied through to_empty, the folder reloads equal, and a second call reuses it."""
+    from transformers import AutoModelForCausalLM
+    tok_dir = tmp_path / "tok"
+    common.tiny_tokenizer().save_pretrained(tok_dir)
+    shape = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, rope_theta=1e6, max_position_embeddings=256, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True, hidden_act="silu", attention_bias=False)
+    info = capbench.build_qwen3_4b(tmp_path / "m", str(tok_dir), seed=5, shape=shape)
+    assert info["built"] and info["params"] > 0
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.bfloat16)
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    ref = _tiny_qwen3_like(shape, len(common.tiny_tokenizer()))
+    capbench.init_random_weights(ref, std=0.02, seed=5)
+    for (n, a), b in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(a, b), n              # the same draw as the seed gives any model of that shape
+    built = json.loads((tmp_path / "m" / "build.json").read_text())
+    assert built["weights"]["q_proj.weight"]["nonfinite"] == 0 and built["weights"]["norm.weight"]["max_abs"] == 1.0
+    assert capbench.build_qwen3_4b(tmp_path / "m", str(tok_dir), seed=5, shape=shape)["built"] is False
+
+
+def _tiny_qwen3_like(shape, vocab):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(vocab_size=vocab, **{k: v for k, v in shape.items() if k not in ("rope_theta", "max_position_embeddings")})
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
 def test_the_4b_profile_builds_its_random_model_from_the_small_model_tokenizer(tmp_path, monkeypatch):
     """main's 4b branch (no --model-4b): the random folder is built (or reused) in OUT/qwen3_4b_random with the
     tokenizer of --model-small, and that folder is the model the profile runs with (stages not run here)."""

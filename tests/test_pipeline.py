@@ -38,6 +38,9 @@ def test_set_parses_types():
     assert base["rl_steps"] != 7                                         # the profile itself is untouched
     assert cm.apply_overrides(base, ["model=123"])["model"] == "123"    # a str key keeps numbers as text
     assert cm.apply_overrides(base, ["model=None"])["model"] is None    # nullable: None in some profile
+    c = cm.apply_overrides(base, ["tune_limit=4", "sft_val_every=50"])  # None in every profile: int when set
+    assert (c["tune_limit"], c["sft_val_every"]) == (4, 50)
+    assert cm.apply_overrides(c, ["tune_limit=None"])["tune_limit"] is None
 
 
 @pytest.mark.parametrize("item, message", [
@@ -46,6 +49,7 @@ def test_set_parses_types():
     ("rl_steps=many", "expected int, got str"),
     ("rl_steps=None", "expected int, got NoneType"),     # not nullable: no profile has None
     ("grad_ckpt=1", "expected bool, got int"),
+    ("tune_limit=all", "expected NoneType or int, got str"),
     ("rl_steps", "expected key=value"),
 ])
 def test_set_rejects(item, message):
