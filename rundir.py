@@ -9,6 +9,9 @@
     OUT/done.json           {"script", "finished_at", "files"}, written last: its presence means complete
 
 Checkpoints are written to a temporary folder renamed last, so a folder named step_* is always complete.
+A checkpoint without optimizer.pt (a *handoff*: adapter/ + meta.json, ~10 MB instead of ~70 for the small profile,
+what crosses between device sessions) resumes rl.py / distill.py from the bf16 adapter with fresh Adam moments;
+the run's handoffs.jsonl records each such resume.
 Under several processes (dist.py) only rank 0 writes; the checkpoint does not depend on the process count.
 """
 import base64
@@ -102,8 +105,18 @@ def read_meta(path):
 
 def load_checkpoint(path, model, optimizer, scheduler=None):
     """Restore trainable weights, optimizer (and scheduler) state and RNG states; returns the meta dict.
-    A checkpoint of other trainable parameters (another adapter or LoRA rank) is refused."""
+    A checkpoint of other trainable parameters (another adapter or LoRA rank) is refused. A handoff (no
+    optimizer.pt) restores the bf16 adapter's weights and leaves the optimizer fresh: meta["optimizer_restored"]
+    is False."""
     path = Path(path)
+    if not (path / "optimizer.pt").exists():
+        if scheduler is not None:
+            raise ValueError(f"{path}: no optimizer.pt; a handoff checkpoint resumes rl.py / distill.py, not a "
+                             "scheduled run")
+        load_handoff_adapter(path / "adapter", model)
+        meta = read_meta(path)
+        set_rng_state(meta["rng"])
+        return dict(meta, optimizer_restored=False)
     state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
     named = dict(model.named_parameters())
     mismatch = set(state["trainable"]) ^ {n for n, p in named.items() if p.requires_grad}
@@ -118,7 +131,34 @@ def load_checkpoint(path, model, optimizer, scheduler=None):
         scheduler.load_state_dict(state["scheduler"])
     meta = read_meta(path)
     set_rng_state(meta["rng"])
-    return meta
+    return dict(meta, optimizer_restored=True)
+
+
+def load_handoff_adapter(folder, model, adapter_name="default"):
+    """Copy a saved peft adapter's tensors into the model's trainable LoRA weights; every trainable weight must
+    be in the file and every tensor of the file must land (else ValueError, naming the folder)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    f = Path(folder) / "adapter_model.safetensors"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: a checkpoint needs optimizer.pt or its adapter to resume from")
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in trainable.items()}
+    try:
+        with torch.no_grad():
+            for p in trainable.values():
+                p.fill_(float("nan"))       # so a weight the file does not set is caught below
+            res = set_peft_model_state_dict(model, load_file(str(f)), adapter_name=adapter_name)
+        unset = [n for n, p in trainable.items() if not torch.isfinite(p).all()]
+        unexpected = list(getattr(res, "unexpected_keys", []) or [])
+        if unset or unexpected:
+            raise ValueError(f"{folder}: the adapter does not match the model's LoRA weights (unset {unset[:2]}, "
+                             f"unexpected {unexpected[:2]}); resume with the same adapter / LoRA settings")
+    except (ValueError, RuntimeError):      # RuntimeError: a tensor of another shape (LoRA rank)
+        with torch.no_grad():
+            for n, p in trainable.items():
+                p.copy_(before[n])
+        raise
 
 
 # -----------------------------------------------------------------------------
@@ -223,7 +263,11 @@ def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
         meta = load_checkpoint(ckpt, model, optimizer)
         step, cursor, log = meta["step"], meta["cursor"], meta["log"]
         resumed_step = step
-        print(f"resumed from {ckpt} (step {step}, data cursor {cursor})")
+        how = "" if meta["optimizer_restored"] else "; a handoff: bf16 adapter, fresh optimizer moments"
+        print(f"resumed from {ckpt} (step {step}, data cursor {cursor}{how})")
+        if not meta["optimizer_restored"]:
+            append_log(Path(log_path).with_name("handoffs.jsonl"),
+                       {"step": step, "checkpoint": ckpt.name, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
     if dist.is_main():
         Path(log_path).write_text("".join(json.dumps(r) + "\n" for r in log))
     return step, cursor, log, resumed_step

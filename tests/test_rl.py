@@ -509,6 +509,55 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(tmp_path, monkeyp
     assert len(lb) == 2
 
 
+def test_a_handoff_checkpoint_restores_the_bf16_adapter_with_a_fresh_optimizer(tiny, tmp_path):
+    """No optimizer.pt (what crosses between device sessions): the weights come back bf16-rounded from adapter/,
+    the optimizer keeps no state, RNG and meta come back; an adapter of another rank is refused, nothing changed."""
+    model, _ = tiny
+    m = _lora(model)
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    sum(p.sum() for p in m.parameters() if p.requires_grad).backward()
+    opt.step()
+    saved = {n: p.detach().clone() for n, p in m.named_parameters() if p.requires_grad}
+    ck = rundir.save_checkpoint(tmp_path / "ckpt", 3, m, opt, {"cursor": 5, "log": [{"step": 3}]})
+    (ck / "optimizer.pt").unlink()
+    m2 = _lora(model, seed=1)
+    opt2 = torch.optim.AdamW([p for p in m2.parameters() if p.requires_grad], lr=1e-2)
+    meta = rundir.load_checkpoint(ck, m2, opt2)
+    assert meta["optimizer_restored"] is False and (meta["step"], meta["cursor"]) == (3, 5)
+    for n, p in m2.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p, saved[n].to(torch.bfloat16).float()), n
+    assert opt2.state_dict()["state"] == {}
+    with pytest.raises(ValueError, match="scheduled run"):
+        rundir.load_checkpoint(ck, m2, opt2, scheduler=object())
+    torch.manual_seed(2)
+    other = common.add_lora(copy.deepcopy(model), r=2, alpha=4)
+    before = {n: p.detach().clone() for n, p in other.named_parameters() if p.requires_grad}
+    with pytest.raises((ValueError, RuntimeError)):
+        rundir.load_checkpoint(ck, other, torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]))
+    assert all(torch.equal(p, before[n]) for n, p in other.named_parameters() if p.requires_grad)
+
+
+def test_rl_resumes_from_a_handoff_and_records_it(tmp_path):
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    base = RL_BASE + ["--steps", "3", "--save-every", "1"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
+    b = tmp_path / "b"
+    __import__("shutil").copytree(tmp_path / "a", b)
+    for f in ("done.json", "result.json"):
+        (b / f).unlink()
+    for step in ("step_000002", "step_000003"):
+        __import__("shutil").rmtree(b / "ckpt" / step)
+    (b / "ckpt" / "step_000001" / "optimizer.pt").unlink()
+    rl.run(rl.parse_args(base + ["--out", str(b), "--resume"]), score_fn=_hash_score, tasks=tasks)
+    assert [json.loads(l)["step"] for l in (b / "handoffs.jsonl").read_text().splitlines()] == [1]
+    la, lb = _log(tmp_path / "a"), _log(b)
+    assert [r["step"] for r in lb] == [1, 2, 3]
+    assert [r["cursor"] for r in la] == [r["cursor"] for r in lb]          # the data order carries on
+    assert la[0] == lb[0]                                                  # the step before the handoff is kept
+    assert (b / "done.json").exists() and not (tmp_path / "a" / "handoffs.jsonl").exists()
+
+
 def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
     (tmp_path / "ckpt" / ".tmp_step_000005").mkdir(parents=True)
     assert rundir.latest_checkpoint(tmp_path / "ckpt") is None
