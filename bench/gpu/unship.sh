@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the CPU box: the parts a device session's `PART=ship` returned (ship.tgz.partNN + ship.sha256, in one or more
+# folders) joined, checked and unpacked into results/small2/state/ (replacing its s2st/), machine paths in the text
+# files written as ~/stage and $OUT. Then commit results/small2/state: the next session's bundle reads it.
+#   bash bench/gpu/unship.sh DIR [DIR ...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { echo "usage: bash bench/gpu/unship.sh DIR [DIR ...]"; exit 2; }
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+for d in "$@"; do cp "$d"/ship.tgz.part* "$W"/ 2>/dev/null || true; cp "$d"/ship.sha256 "$W"/ 2>/dev/null || true; done
+[ -f "$W/ship.sha256" ] || { echo "unship: no ship.sha256 in $*"; exit 1; }
+cat "$W"/ship.tgz.part* > "$W/ship.tgz"
+(cd "$W" && sha256sum -c ship.sha256) || { echo "unship: parts missing or corrupt (ask for the rest with FIRST=4, 8, ...)"; exit 1; }
+mkdir -p "$W/x" && tar xzf "$W/ship.tgz" -C "$W/x"
+[ -d "$W/x/s2st" ] || { echo "unship: the archive holds no s2st/"; exit 1; }
+find "$W/x" -type f \( -name '*.json' -o -name '*.jsonl' \) -print0 \
+  | xargs -0 -r sed -i -e 's#/root/stage#~/stage#g' -e 's#/root/out#$OUT#g'
+mkdir -p results/small2/state
+rm -rf results/small2/state/s2st && mv "$W/x/s2st" results/small2/state/
+du -sh results/small2/state/s2st; ls results/small2/state/s2st
