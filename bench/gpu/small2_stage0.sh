@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session-5 GPU runs (issues 16, 17, 19) on one offline H200, in parts that fit the device tool's calls.
 #
+# On the CPU box first: bash bench/gpu/pack_stage.sh (the .stage folders below; a new checkout has none).
 #   PART=setup bash bench/gpu/small2_stage0.sh   # ~/stage: wheels, .debs (carry .stage/s1 and .stage/g1)
 #   PART=stash bash bench/gpu/small2_stage0.sh   # ~/stage: one more GGUF part (carry .stage/g2)
 # (the GGUF travels in three 33 MB parts .stage/g1-g3, `split -b 33000000`: with the 24.6 MB of tracked files a call
@@ -11,7 +12,7 @@
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
 #              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
-#   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite: as run, fp32 without autocast, random tokens (~5 min)
+#   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite (session 9; session 10's CPU-drawn folder trains finite)
 #   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
 #   (PART=prefix, session 9, timed fastgen's shared-prefix layout: slower, removed with its flag)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
