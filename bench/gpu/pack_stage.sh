@@ -14,7 +14,8 @@
 #     one tar.gz of what ~/stage needs: wheels/, debs/, smollm2.gguf, runs/dev_tasks.jsonl, runs/s2st/data (the
 #     data stage, built on the CPU box in runs/s2st/data) and runs/s2st/<stage> (the run's state, committed in
 #     results/small2/state/s2st), split into .stage/r1 .. .stage/rN: each part fills what one call carries beside
-#     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256.
+#     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256. The data's .jsonl files must
+#     match results/small2/state/data.sha256 (written by the first bundle of a run): every session rebuilds them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ST=.stage DL=.stage/dl
@@ -34,6 +35,15 @@ fi
 if [ "${1:-}" = run ]; then
   [ -f runs/s2st/data/stage0.jsonl ] || { echo "pack_stage: runs/s2st/data is missing: build it first (chorus_mini.py run \
 --profile small --out runs/s2st --only data --set answer_mode=stimulus --set eval_tasks=runs/dev_tasks.jsonl)"; exit 1; }
+  # the data stage is rebuilt each session: it must be the one the run's earlier stages trained on
+  sums=$(cd runs/s2st && find data -name '*.jsonl' -type f | LC_ALL=C sort | xargs sha256sum)
+  if [ -f results/small2/state/data.sha256 ]; then
+    diff <(echo "$sums") results/small2/state/data.sha256 > /dev/null || { echo "pack_stage: runs/s2st/data differs \
+from the data the run started with (results/small2/state/data.sha256): rebuild it, or start a new run"; exit 1; }
+  else
+    mkdir -p results/small2/state && echo "$sums" > results/small2/state/data.sha256
+    echo "pack_stage: wrote results/small2/state/data.sha256 (commit it with the run's state)"
+  fi
   W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
   mkdir -p $W/runs/s2st
   cp -r $DL/wheels $DL/debs $W/ && cp $DL/smollm2.gguf $W/ && cp ../shared/data/dev_tasks.jsonl $W/runs/
