@@ -10,12 +10,13 @@
 #     .stage/data dev_tasks.jsonl (../shared, evaluation only)
 #     A call carries the tracked tree (~25 MB) plus ~40 MB: setup carries s1+g1, stash g2+b1, the work g3+data.
 #
-#   bash bench/gpu/pack_stage.sh run    # small2_run.sh's bundle (issue 21), after `lean_tree.sh hide`
+#   bash bench/gpu/pack_stage.sh run [runs]   # small2_run.sh's bundle (issue 21), after `lean_tree.sh hide`
 #     one tar.gz of what ~/stage needs: wheels/, debs/, smollm2.gguf, runs/dev_tasks.jsonl, runs/s2st/data (the
 #     data stage, built on the CPU box in runs/s2st/data) and runs/s2st/<stage> (the run's state, committed in
 #     results/small2/state/s2st), split into .stage/r1 .. .stage/rN: each part fills what one call carries beside
 #     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256. The data's .jsonl files must
 #     match results/small2/state/data.sha256 (written by the first bundle of a run): every session rebuilds them.
+#     `run runs` leaves out the wheels, .debs and GGUF, for a warm machine that small2_stage0.sh's setup staged.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ST=.stage DL=.stage/dl
@@ -50,7 +51,8 @@ from the data the run started with (results/small2/state/data.sha256): rebuild i
   cp -r runs/s2st/data $W/runs/s2st/
   [ -d results/small2/state/s2st ] && cp -r results/small2/state/s2st/. $W/runs/s2st/
   rm -rf $ST/r[0-9]*
-  tar czf $W/bundle.tgz -C $W wheels debs smollm2.gguf runs
+  # `run runs`: the run's folders only, for a machine that small2_stage0.sh's staging already gave the rest
+  [ "${2:-}" = runs ] && tar czf $W/bundle.tgz -C $W runs || tar czf $W/bundle.tgz -C $W wheels debs smollm2.gguf runs
   tree=$(bash bench/gpu/lean_tree.sh size)
   chunk=$(( 67108864 - tree - 1500000 ))
   (cd $W && sha256sum bundle.tgz > bundle.sha256 && split -b $chunk -d -a 2 bundle.tgz bundle.part && rm bundle.tgz)
