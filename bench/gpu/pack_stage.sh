@@ -52,7 +52,8 @@ from the data the run started with (results/small2/state/data.sha256): rebuild i
   [ -d results/small2/state/s2st ] && cp -r results/small2/state/s2st/. $W/runs/s2st/
   rm -rf $ST/r[0-9]*
   # `run runs`: the run's folders only, for a machine that small2_stage0.sh's staging already gave the rest
-  [ "${2:-}" = runs ] && tar czf $W/bundle.tgz -C $W runs || tar czf $W/bundle.tgz -C $W wheels debs smollm2.gguf runs
+  if [ "${2:-}" = runs ]; then tar czf $W/bundle.tgz -C $W runs
+  else tar czf $W/bundle.tgz -C $W wheels debs smollm2.gguf runs; fi
   tree=$(bash bench/gpu/lean_tree.sh size)
   chunk=$(( 67108864 - tree - 1500000 ))
   (cd $W && sha256sum bundle.tgz > bundle.sha256 && split -b $chunk -d -a 2 bundle.tgz bundle.part && rm bundle.tgz)
