@@ -28,7 +28,8 @@ def _adapter(folder):
 
 
 def _run_folder(run):
-    """sft0 done (its pick: validated step 2), rl0 cut after two checkpoints, merge done, the data stage."""
+    """sft0 done (its pick: validated step 2), sft1 cut, rl0 cut after two checkpoints, merge done, val and data2
+    done (no adapter), the data stage."""
     _put(run / "data" / "stage0.jsonl")
     s = run / "sft0"
     _adapter(s / "adapter")
@@ -39,6 +40,9 @@ def _run_folder(run):
     for f in ("done.json", "log.jsonl", "curves.png", "stdout.log"):
         _put(s / f)
     _put(s / "ckpt" / "step_000002" / "meta.json")
+    _put(run / "sft1" / "log.jsonl")
+    _put(run / "sft1" / "ckpt" / "step_000001" / "meta.json")
+    _adapter(run / "sft1" / "ckpt" / "step_000001" / "adapter")
     r = run / "rl0"
     for step in ("step_000010", "step_000020"):
         _adapter(r / "ckpt" / step / "adapter")
@@ -48,25 +52,42 @@ def _run_folder(run):
     _put(r / "best" / "val.json")
     _put(r / "log.jsonl")
     m = run / "merge"
-    _adapter(m / "tune" / "soup_lam1" / "adapter")
+    _adapter(m / "tune" / "soup_lam1")
+    for f in ("done.json", "merge_report.json", "tune_eval/metrics.json", "tune_eval/done.json"):
+        _put(m / "tune" / "soup_lam1" / f)
     _adapter(m / "soup")
     _put(m / "soup" / "choice.json")
     _put(m / "done.json")
+    for f in ("val/rl0/metrics.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json"):
+        _put(run / f)
 
 
-def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path):
+SHIPPED = {
+    "s2st/sft0/result.json", "s2st/sft0/done.json", "s2st/sft0/log.jsonl", "s2st/sft0/curves.png",
+    "s2st/sft0/val_ckpt/step_000002/adapter/adapter_config.json",
+    "s2st/sft0/val_ckpt/step_000002/adapter/adapter_model.safetensors",
+    "s2st/rl0/log.jsonl", "s2st/rl0/best/val.json",
+    "s2st/rl0/ckpt/step_000020/meta.json", "s2st/rl0/ckpt/step_000020/adapter/adapter_config.json",
+    "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
+    "s2st/merge/tune/soup_lam1/tune_eval/metrics.json", "s2st/merge/tune/soup_lam1/tune_eval/done.json",
+    "s2st/val/rl0/metrics.json", "s2st/val/done.json", "s2st/data2/stage2.jsonl", "s2st/data2/done.json"}
+
+
+def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monkeypatch):
+    """A cut SFT stage ships nothing (it starts again), a cut RL stage its newest checkpoint without optimizer.pt,
+    the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small files."""
     run = tmp_path / "s2st"
     _run_folder(run)
-    os.chdir(tmp_path)
-    got = {p.as_posix() for p in ship_list.ship_list("s2st")}
-    assert got == {
-        "s2st/sft0/result.json", "s2st/sft0/done.json", "s2st/sft0/log.jsonl", "s2st/sft0/curves.png",
-        "s2st/sft0/val_ckpt/step_000002/adapter/adapter_config.json",
-        "s2st/sft0/val_ckpt/step_000002/adapter/adapter_model.safetensors",
-        "s2st/rl0/log.jsonl", "s2st/rl0/best/val.json",
-        "s2st/rl0/ckpt/step_000020/meta.json", "s2st/rl0/ckpt/step_000020/adapter/adapter_config.json",
-        "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
-        "s2st/merge/done.json", "s2st/merge/soup/choice.json"}
+    monkeypatch.chdir(tmp_path)
+    assert {p.as_posix() for p in ship_list.ship_list("s2st")} == SHIPPED
+    stamp = tmp_path / "stamp"
+    stamp.write_text("")
+    old = stamp.stat().st_mtime - 100
+    for p in run.rglob("*"):
+        os.utime(p, (old, old))                         # as restored from the bundle
+    _put(run / "rl0" / "log.jsonl", "one more step")    # only rl0 ran in this session
+    assert {p.as_posix() for p in ship_list.ship_list("s2st", since=stamp)} == {
+        p for p in SHIPPED if p.startswith("s2st/rl0/")}
     (run / "sft0" / "val_ckpt" / "step_000002" / "adapter" / "adapter_model.safetensors").unlink()
     with pytest.raises(SystemExit, match="holds no adapter"):
         ship_list.ship_list("s2st")
@@ -74,7 +95,8 @@ def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path):
 
 def _repo_copy(tmp_path):
     repo = tmp_path / "repo"
-    for f in ("bench/gpu/small2_run.sh", "bench/gpu/ship_list.py", "bench/gpu/unship.sh", "bench/offline_setup.sh"):
+    for f in ("bench/gpu/small2_run.sh", "bench/gpu/ship_list.py", "bench/gpu/unship.sh", "bench/gpu/lean_tree.sh",
+              "bench/offline_setup.sh"):
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, repo / f)
     return repo
@@ -94,10 +116,11 @@ def test_ship_then_unship_then_bundle_restores_the_run(tmp_path):
     _run_folder(home / "stage" / "runs" / "s2st")
     _sh(repo, {**env, "PART": "ship"}, "bench/gpu/small2_run.sh")
     assert (out / "ship.sha256").is_file() and list(out.glob("ship.tgz.part*"))
-    _sh(repo, env, "bench/gpu/unship.sh", str(out))
     state = repo / "results" / "small2" / "state" / "s2st"
-    assert (state / "rl0" / "ckpt" / "step_000020" / "adapter" / "adapter_model.safetensors").is_file()
-    assert not (state / "rl0" / "ckpt" / "step_000020" / "optimizer.pt").exists() and not (state / "data").exists()
+    _put(state / "sft2" / "done.json")                  # a stage of an earlier session, not in this ship: kept
+    _put(state / "rl0" / "ckpt" / "step_000005" / "meta.json")   # rl0's older handoff: replaced
+    _sh(repo, env, "bench/gpu/unship.sh", str(out))
+    assert {p.relative_to(state.parent).as_posix() for p in state.rglob("*") if p.is_file()} == SHIPPED | {"s2st/sft2/done.json"}
     assert json.loads((state / "sft0" / "result.json").read_text())["config"]["data"] == "~/stage/runs/s2st/data/stage0.jsonl"
 
     # the next session: a bundle of the state (+ data, wheels, GGUF) in two parts carried by two calls
@@ -131,3 +154,77 @@ def test_ship_then_unship_then_bundle_restores_the_run(tmp_path):
     p = subprocess.run(["bash", "bench/gpu/small2_run.sh"], cwd=repo, env={**env2, "PART": "restore"},
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "missing or corrupt" in p.stdout
+
+
+def test_lean_tree_hides_large_committed_results_and_restores_only_what_is_missing(tmp_path):
+    repo = _repo_copy(tmp_path)
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (repo / ".gitignore").write_text("/.stage/\n")
+    big = repo / "results" / "big.bin"
+    _put(big, "b" * 1_500_000)
+    _put(repo / "results" / "small.json", "{}")
+    _put(repo / "results" / "other.bin", "o" * 1_200_000)
+    git("add", "-A")
+    git("commit", "-qm", "x")
+    env = dict(os.environ)
+    full = int(_sh(repo, env, "bench/gpu/lean_tree.sh", "size"))
+    (repo / "results" / "other.bin").write_text("c" * 1_300_000)                     # changed, not committed
+    p = subprocess.run(["bash", "bench/gpu/lean_tree.sh", "hide"], cwd=repo, capture_output=True, text=True)
+    assert p.returncode == 1 and "uncommitted" in p.stdout and big.exists()          # nothing is touched
+    git("checkout", "--", "results/other.bin")
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide")
+    assert not big.exists() and (repo / "results" / "small.json").exists()
+    assert int(_sh(repo, env, "bench/gpu/lean_tree.sh", "size")) == full - 2_700_000
+    (repo / "results" / "other.bin").write_text("a newer file at the same path")     # e.g. unship.sh's
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
+    assert big.read_text() == "b" * 1_500_000 and (repo / "results" / "other.bin").read_text().startswith("a newer")
+    assert not (repo / ".stage" / "hidden.txt").exists()
+
+
+def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapters(tmp_path):
+    """pack_stage.sh run after lean_tree.sh hide (downloads pre-filled in .stage/dl): the bundle's parts fit a call
+    beside the lean tree, and joined they hold the data, the GGUF and the state's adapters from HEAD."""
+    repo = _repo_copy(tmp_path)
+    shutil.copy(ROOT / "bench/gpu/pack_stage.sh", repo / "bench/gpu/pack_stage.sh")
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (repo / ".gitignore").write_text("/.stage/\n/runs/\n")
+    state = repo / "results" / "small2" / "state" / "s2st" / "sft0"
+    _put(state / "done.json")
+    _put(state / "adapter" / "adapter_config.json", "{}")
+    weights = os.urandom(1_200_000)
+    (state / "adapter" / "adapter_model.safetensors").write_bytes(weights)
+    git("add", "-A")
+    git("commit", "-qm", "state")
+    dl = repo / ".stage" / "dl"
+    for f in ("wheels/a.whl", "debs/b.deb", "done"):
+        _put(dl / f)
+    (dl / "smollm2.gguf").write_bytes(os.urandom(300_000))
+    _put(tmp_path / "shared" / "data" / "dev_tasks.jsonl", "{}\n")
+    _put(repo / "runs" / "s2st" / "data" / "stage0.jsonl", "rows\n")
+    env = dict(os.environ)
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide")
+    assert not (state / "adapter" / "adapter_model.safetensors").exists()
+    out = _sh(repo, env, "bench/gpu/pack_stage.sh", "run")
+    assert "wrote results/small2/state/data.sha256" in out
+    parts = sorted(repo.glob(".stage/r*/bundle.part*"))
+    tree = int(_sh(repo, env, "bench/gpu/lean_tree.sh", "size"))
+    assert parts and all(p.stat().st_size + tree < 64 * 2 ** 20 for p in parts)
+    blob = b"".join(p.read_bytes() for p in parts)
+    want = (sorted(repo.glob(".stage/r*/bundle.sha256"))[-1]).read_text().split()[0]
+    assert hashlib.sha256(blob).hexdigest() == want
+    (tmp_path / "b.tgz").write_bytes(blob)
+    with tarfile.open(tmp_path / "b.tgz") as t:
+        names = set(t.getnames())
+        assert {"smollm2.gguf", "runs/dev_tasks.jsonl", "runs/s2st/data/stage0.jsonl", "wheels/a.whl",
+                "runs/s2st/sft0/adapter/adapter_model.safetensors"} <= names
+        got = t.extractfile("runs/s2st/sft0/adapter/adapter_model.safetensors").read()
+    assert got == weights
+    _put(repo / "runs" / "s2st" / "data" / "stage0.jsonl", "other rows\n")      # a rebuilt data stage that differs
+    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, capture_output=True, text=True)
+    assert p.returncode == 1 and "differs" in p.stdout

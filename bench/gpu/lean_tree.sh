@@ -10,19 +10,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LIST=.stage/hidden.txt
-size() { git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+size() { { git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/dev/null || true; } \
+         | awk '{s += $1} END {print s + 0}'; }     # hidden files are still tracked: stat skips them
 case "${1:-}" in
   hide)
     mkdir -p .stage
-    git ls-files -z results | xargs -0 -r stat -c '%s %n' | awk '$1 > 1000000 {print $2}' > $LIST.new
+    { git ls-files -z results | xargs -0 -r stat -c '%s %n' 2>/dev/null || true; } | awk '$1 > 1000000 {print $2}' > $LIST.new
     if ! git diff --quiet HEAD -- $(cat $LIST.new); then
       echo "lean_tree: uncommitted changes in files over 1 MB; commit them first"; rm $LIST.new; exit 1
     fi
     cat $LIST.new >> $LIST 2>/dev/null; sort -u -o $LIST $LIST; rm $LIST.new
     xargs -r rm -f < $LIST
     echo "lean_tree: $(wc -l < $LIST) files hidden; a device call now sends $(size) bytes" ;;
-  restore)
-    [ -f $LIST ] && xargs -r git checkout HEAD -- < $LIST && rm $LIST
+  restore)   # only what is still absent and still in HEAD: a newer file at the same path is kept
+    if [ -f $LIST ]; then
+      while IFS= read -r f; do
+        [ -e "$f" ] || ! git cat-file -e "HEAD:$f" 2>/dev/null || git checkout HEAD -- "$f"
+      done < $LIST
+      rm $LIST
+    fi
     echo "lean_tree: restored; the tree is $(size) bytes" ;;
   size) size ;;
   *) echo "usage: bash bench/gpu/lean_tree.sh hide|restore|size"; exit 2 ;;

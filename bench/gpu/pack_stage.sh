@@ -49,7 +49,12 @@ from the data the run started with (results/small2/state/data.sha256): rebuild i
   mkdir -p $W/runs/s2st
   cp -r $DL/wheels $DL/debs $W/ && cp $DL/smollm2.gguf $W/ && cp ../shared/data/dev_tasks.jsonl $W/runs/
   cp -r runs/s2st/data $W/runs/s2st/
-  [ -d results/small2/state/s2st ] && cp -r results/small2/state/s2st/. $W/runs/s2st/
+  # the state as committed (lean_tree.sh hide has taken its large files out of the working tree)
+  if git cat-file -e HEAD:results/small2/state/s2st 2>/dev/null; then
+    git archive HEAD results/small2/state/s2st | tar -x --strip-components=3 -C $W/runs
+    (cd $W/runs && python3 "$OLDPWD/bench/gpu/ship_list.py" s2st > /dev/null) \
+      || { echo "pack_stage: the committed state is incomplete (see above)"; exit 1; }
+  fi
   rm -rf $ST/r[0-9]*
   # `run runs`: the run's folders only, for a machine that small2_stage0.sh's staging already gave the rest
   if [ "${2:-}" = runs ]; then tar czf $W/bundle.tgz -C $W runs

@@ -1,58 +1,80 @@
 """Print the files of a chorus_mini run folder that a later device session needs (small2_run.sh PART=ship).
 
-    cd RUNS && python ship_list.py s2st | tar czf - -T -
+    cd RUNS && python ship_list.py s2st [--since STAMP] | tar czf - -T -
 
-Per stage folder (every folder of RUN but data/, which the CPU box builds):
-- its small files: *.json, *.jsonl and *.png, outside checkpoints (ckpt/, val_ckpt/) and adapters;
-- a finished stage (done.json): the adapter it hands on: the validated step that result.json's val_best_adapter
-  names (sft_pick=best), else adapter/ (merged adapters excepted: merge.py recomputes them from the experts);
-- an unfinished stage: its newest checkpoint as a handoff, adapter/ + meta.json without optimizer.pt (rundir.py
-  resumes rl.py / distill.py from it with fresh optimizer moments).
-Never: stdout logs, optimizer states, OUT/best/adapter (its best/val.json is kept), the data stage.
+A stage folder is every folder of RUN but data/ (the CPU box rebuilds the data stage). With --since, only the
+stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
+listed: unship.sh replaces those stage folders and keeps the others. Per stage:
+- training stages (sft*, rl*, opd*): when done (done.json), their small files (*.json, *.jsonl, *.png outside
+  checkpoints and adapter folders) and the adapter they hand on: the validated step that result.json's
+  val_best_adapter names (sft_pick=best), else adapter/; RL's and OPD's best/adapter is not kept (nothing reads
+  it; best/val.json is). rl* / opd* not done: their small files and the newest checkpoint as a handoff, adapter/ +
+  meta.json without optimizer.pt (rundir.py resumes them with fresh optimizer moments). sft* not done: nothing
+  (an SFT stage fits one session; it starts again).
+- merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
+  ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
+  evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
+- other stages (data2, val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
+Never: stdout logs, optimizer states, the data stage.
 """
+import argparse
 import json
 import sys
 from pathlib import Path
 
 SMALL = (".json", ".jsonl", ".png")
+TRAINING = ("sft", "rl", "opd")
 
 
 def files_of(folder):
     return sorted(p for p in Path(folder).rglob("*") if p.is_file())
 
 
+def small_files(stage):
+    parts = lambda p: set(p.relative_to(stage).parts)
+    return [p for p in files_of(stage) if p.suffix in SMALL and not p.name.startswith("adapter_")
+            and not {"ckpt", "val_ckpt", "adapter"} & parts(p)]
+
+
 def stage_files(stage):
     stage = Path(stage)
-    parts = lambda p: p.relative_to(stage).parts
-    out = [p for p in files_of(stage) if p.suffix in SMALL and not p.name.startswith("adapter_")
-           and not {"ckpt", "val_ckpt", "adapter"} & set(parts(p))]
-    if (stage / "done.json").is_file():
-        if stage.name != "merge":
-            result = json.loads((stage / "result.json").read_text()) if (stage / "result.json").is_file() else {}
-            pick = (result.get("outcome") or {}).get("val_best_adapter") or "adapter"
-            if not (stage / pick / "adapter_model.safetensors").is_file():
-                sys.exit(f"ship_list: {stage} is done but {stage / pick} holds no adapter")
-            out += files_of(stage / pick)
-    else:
-        ckpts = sorted(p for p in (stage / "ckpt").glob("step_*") if (p / "meta.json").is_file())
-        if ckpts:
-            out += [ckpts[-1] / "meta.json", *files_of(ckpts[-1] / "adapter")]
-    return out
+    done = (stage / "done.json").is_file()
+    if stage.name == "merge":
+        return [p for p in small_files(stage) if "tune_eval" in p.relative_to(stage).parts]
+    if not stage.name.startswith(TRAINING):
+        return small_files(stage) if done else []
+    if done:
+        result = json.loads((stage / "result.json").read_text()) if (stage / "result.json").is_file() else {}
+        pick = (result.get("outcome") or {}).get("val_best_adapter") or "adapter"
+        if not (stage / pick / "adapter_model.safetensors").is_file():
+            sys.exit(f"ship_list: {stage} is done but {stage / pick} holds no adapter")
+        return small_files(stage) + files_of(stage / pick)
+    if stage.name.startswith("sft"):
+        return []
+    ckpts = sorted(p for p in (stage / "ckpt").glob("step_*") if (p / "meta.json").is_file())
+    return small_files(stage) + ([ckpts[-1] / "meta.json", *files_of(ckpts[-1] / "adapter")] if ckpts else [])
 
 
-def ship_list(run):
+def ship_list(run, since=None):
     run = Path(run)
-    seen, out = set(), []
+    stamp = Path(since).stat().st_mtime if since else None
+    out = []
     for stage in sorted(p for p in run.iterdir() if p.is_dir() and p.name != "data"):
-        for p in stage_files(stage):
-            if p not in seen and "best/adapter" not in p.as_posix():
-                seen.add(p)
-                out.append(p)
+        if stamp is not None and not any(p.stat().st_mtime > stamp for p in files_of(stage)):
+            continue                           # restored from the bundle and not run since
+        out += [p for p in dict.fromkeys(stage_files(stage)) if "best/adapter" not in p.as_posix()]
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        sys.exit("usage: python ship_list.py RUN_FOLDER (relative to the folder the tar runs in)")
-    for p in ship_list(sys.argv[1]):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", help="the run folder, relative to the folder the tar runs in")
+    ap.add_argument("--since", default=None, help="list only stages with a file newer than this file")
+    a = ap.parse_args()
+    if not Path(a.run).is_dir():
+        sys.exit(f"ship_list: {a.run} is not a folder")
+    files = ship_list(a.run, a.since)
+    if not files:
+        sys.exit("ship_list: nothing to ship (no stage ran since the restore)")
+    for p in files:
         print(p.as_posix())

@@ -16,16 +16,16 @@
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
-#   PART=ship    bash bench/gpu/small2_run.sh      the run's state as ship.tgz.partNN (15 MB each) + ship.sha256: per
-#                                                  stage its small files (json, jsonl, png), the adapter it hands on
-#                                                  (final, RL's best/, or the validated SFT step sft_pick chose), and
-#                                                  for a stage not done its newest checkpoint as a handoff (adapter +
-#                                                  meta.json, no optimizer.pt: rundir.py); no merged adapters (merge.py
-#                                                  recomputes them), no data. A call returns 4 parts (the device brings
-#                                                  back 64 MiB), FIRST..FIRST+3 (FIRST=0 default; packed once per
-#                                                  session unless SHIP_NEW=1): call again with FIRST=4, 8, ...
-# Back on the CPU box: bash bench/gpu/unship.sh DIR (the returned parts) -> results/small2/state/s2st, then commit
-# it (the only place a session's results survive), then lean_tree.sh restore.
+#   PART=ship    bash bench/gpu/small2_run.sh      the stages that ran in this session (bench/gpu/ship_list.py: the
+#                                                  adapters later stages read, handoffs of RL / OPD runs cut short, the
+#                                                  merge stage's tuning scores; no merged adapters, no data) as
+#                                                  ship.tgz.partNN (15 MB each) + ship.sha256. A call returns 4 parts
+#                                                  (the device brings back 64 MiB), FIRST..FIRST+3 (FIRST=0 default;
+#                                                  packed once per session unless SHIP_NEW=1): again with FIRST=4, 8, ...
+#   (the merge stage's adapters are recomputed, not shipped: a session that evaluates runs STAGES="merge eval")
+# Back on the CPU box: bash bench/gpu/lean_tree.sh restore, then bash bench/gpu/unship.sh DIR (the returned parts:
+# the stage folders it holds replace those of results/small2/state/s2st), then commit results/small2/state (the only
+# place a session's results survive).
 set -u
 S=~/stage
 export PYTHONUNBUFFERED=1 CHORUS_CACHE=$S/cache
@@ -44,6 +44,7 @@ if [ "${PART:-}" = restore ]; then
   cat $S/parts/bundle.part* > $S/bundle.tgz
   (cd $S && sha256sum -c parts/bundle.sha256) || { echo "restore: bundle parts missing or corrupt"; rm -f $S/bundle.tgz; exit 1; }
   tar xzf $S/bundle.tgz -C $S && rm $S/bundle.tgz
+  touch $S/restored.stamp         # PART=ship sends only the stages that ran after this
   echo "gguf sha256 $(sha256sum $M | cut -c1-16)"
   source bench/offline_setup.sh $S
   ls $S/runs/s2st
@@ -89,7 +90,8 @@ pack() {
 }
 if [ "${PART:-}" = ship ]; then
   # what later sessions need (results/small2/state/s2st, committed on the CPU box); bench/gpu/ship_list.py chooses
-  pack ship bash -c "cd $S/runs && python3 $PWD/bench/gpu/ship_list.py s2st | tar czf - -T -"
+  since=(); [ -f $S/restored.stamp ] && since=(--since $S/restored.stamp)
+  pack ship bash -c "set -o pipefail; cd $S/runs && python3 $PWD/bench/gpu/ship_list.py s2st ${since[*]} | tar czf - -T -"
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
