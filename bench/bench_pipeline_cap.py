@@ -326,9 +326,16 @@ def hardware(cap_gib):
             "cpu_count": os.cpu_count()}
 
 
-def profile_argv(profile, out, sets, model, stages):
+def profile_argv(profile, out, sets, model, stages, lanes=False):
+    """chorus_mini.py run for one profile; with lanes, bench/gpu/run_small.sh (the same stages, five lanes side by
+    side, each lane's simulator workers its share of the CPUs: --sim-workers is left to it)."""
+    sets = ([f"model={model}"] if model else []) + sets
+    if lanes:
+        sets = [s for s in sets if not s.startswith("sim_workers=")]
+        return ["env", f"PROFILE={profile}", "bash", "bench/gpu/run_small.sh", str(out),
+                *[x for s in sets for x in ("--set", s)]]
     argv = [sys.executable, "chorus_mini.py", "run", "--profile", profile, "--out", str(out)]
-    argv += [x for s in ([f"model={model}"] if model else []) + sets for x in ("--set", s)]
+    argv += [x for s in sets for x in ("--set", s)]
     return argv + (["--only", *stages] if stages else [])
 
 
@@ -387,6 +394,9 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="one more chorus_mini --set")
     p.add_argument("--parallel", action="store_true",
                    help="run the profiles side by side (one GPU holds both capped processes; outputs go to OUT/P.log)")
+    p.add_argument("--lanes", action="store_true",
+                   help="run each profile's stages in bench/gpu/run_small.sh's parallel lanes (less wall time; the "
+                        "seconds include the contention, the per-process peaks do not)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="the smoke profile with the tiny random model on CPU (tests; no 4B model, no cap)")
     return p.parse_args(argv)
@@ -431,6 +441,10 @@ def main(argv=None):
             v.setdefault("run", {k: previous.get(k) for k in ("command", "started_at", "git", "env")})
         result["profiles"].update(kept)
     code = 0
+    if args.lanes and not args.stages:
+        result["notes"].append("--lanes: each profile's stages ran in bench/gpu/run_small.sh's five lanes, several "
+                               "processes on one GPU at a time (each capped), so a stage's seconds include the other "
+                               "lanes' load and nvidia-smi's whole-GPU column counts them too; torch's peaks are per process")
     if args.parallel and len(profiles) > 1:
         result["notes"].append("--parallel: the profiles ran side by side on one GPU and its CPUs, so each "
                                "stage's seconds include the other profile's load (the peaks are per process)")
@@ -452,7 +466,8 @@ def main(argv=None):
             model = args.model_small
             note = f"{model or 'SmolLM2-135M-Instruct (embedded GGUF)'}"
         sets = budget_sets(profile, args)
-        wait = run_profile(profile_argv(profile, run_dir, sets, model, args.stages), out / f"{profile}.log",
+        lanes = args.lanes and not args.stages         # the collecting pass (--stages data) runs plainly
+        wait = run_profile(profile_argv(profile, run_dir, sets, model, args.stages, lanes), out / f"{profile}.log",
                            console=not (args.parallel and len(profiles) > 1))
         pending.append((profile, t0, model, note, info, sets, wait))
         if args.parallel and len(profiles) > 1:

@@ -249,3 +249,12 @@ def test_cpu_smoke_writes_every_stage_with_seconds_and_peak_fields(tmp_path):
                         capture_output=True, text=True, timeout=60).stdout
     assert "| data | done |" in md and "CPU smoke run" in md
     assert "measured by an earlier command: `earlier`, commit abc" in md
+
+
+def test_lanes_run_the_profile_through_run_small_with_its_own_simulator_share():
+    argv = capbench.profile_argv("4b", Path("/o/4b"), ["sim_workers=7", "rl_steps=2"], "/m", None, lanes=True)
+    assert argv[:5] == ["env", "PROFILE=4b", "bash", "bench/gpu/run_small.sh", "/o/4b"]
+    assert argv[5:] == ["--set", "model=/m", "--set", "rl_steps=2"]
+    plain = capbench.profile_argv("4b", Path("/o/4b"), ["sim_workers=7"], None, ["data"])
+    assert plain[1:] == ["chorus_mini.py", "run", "--profile", "4b", "--out", "/o/4b", "--set", "sim_workers=7",
+                         "--only", "data"]

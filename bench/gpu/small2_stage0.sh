@@ -10,7 +10,8 @@
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
-#              (PROFILES=4b: that profile only; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
+#              (PROFILES=4b: that profile only; LANES=1: its stages in run_small.sh's parallel lanes, ~40 % less wall
+#              time by the critical path; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
 #   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite (session 9; session 10's CPU-drawn folder trains finite)
 #   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
@@ -106,7 +107,7 @@ if [ "${PART:-}" = cap ]; then
   # PROFILES=4b re-runs one profile; the committed JSON's other profile is kept (with the command that measured it)
   [ "${PROFILES:-4b small}" = "4b small" ] || cp results/bench_4b_pipeline.json $OUT/
   CB=(python3 bench/bench_pipeline_cap.py --profiles ${PROFILES:-4b small} --model-small $M --eval-tasks runs/dev_tasks.jsonl
-      --out runs/capbench --json $OUT/bench_4b_pipeline.json --sim-workers 7)
+      --out runs/capbench --json $OUT/bench_4b_pipeline.json --sim-workers 7 ${LANES:+--lanes})
   CHORUS_GPU_CAP_GIB=24 setsid "${CB[@]}" --parallel > $OUT/capbench.log 2>&1 & P=$!
   for i in $(seq ${CAP_S:-480}); do kill -0 $P 2>/dev/null || break; sleep 1; done
   kill -9 -- -$P 2>/dev/null; pkill -9 -f '(chorus_mini|sft|rl|distill|evaluate|merge|build_sft)\.py' 2>/dev/null
