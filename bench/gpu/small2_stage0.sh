@@ -10,8 +10,8 @@
 #   PART=e     bash bench/gpu/small2_stage0.sh   # both stage-0 models evaluated (71 s / 41 s)
 #   PART=b     bash bench/gpu/small2_stage0.sh   # RL and OPD step times, both answer modes (sessions 6-7), decode profile
 #   PART=cap   bash bench/gpu/small2_stage0.sh   # the 4b and small profiles under a 24 GiB cap (bench_pipeline_cap)
-#              (PROFILES=4b: that profile only; LANES=1: its stages in run_small.sh's parallel lanes, ~40 % less wall
-#              time by the critical path; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
+#              (PROFILES=4b: that profile only; LANES=1: its stages in run_small.sh's parallel lanes: an estimated
+#              ~830 s of critical path against ~1300 s in a row, from session 10's stage times; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
 #   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite (session 9; session 10's CPU-drawn folder trains finite)
 #   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
