@@ -1,6 +1,7 @@
 """box.py: the run layer of the coverage scorer (sim.py): the sandbox and the one place that owns the
 subprocesses. A run is a tiny sh script (build_script: rlimits as shell builtins, compile with iverilog,
-record the compile status, then `timeout -s INT ... vvp` so the `final` blocks still write partial coverage)
+record the compile status, then vvp under two `timeout`s: ONE SIGINT at the limit so the `final` blocks still
+write partial coverage, SIGKILL to the whole process group KILL_AFTER_S later)
 executed in a fresh run folder by this process's persistent sh loop (_Box: ONE bubblewrap start per process,
 i.e. per SimPool worker; bwrap_argv says what the sandbox shows). run_job_dir hands a run to a box, drains its
 output with head+tail kept and a byte cap (output_limit), and kills the process tree at a wall-clock backstop.
@@ -27,7 +28,7 @@ from instrument import _short
 LOG_KEEP_BYTES = 8 << 10        # head and tail of the combined log kept in the result
 FSIZE_LIMIT = 256 << 20         # RLIMIT_FSIZE: largest file a run may write
 NOFILE_LIMIT = 256              # RLIMIT_NOFILE: open files
-KILL_AFTER_S = 3                # timeout -k: SIGKILL this long after SIGINT
+KILL_AFTER_S = 3                # SIGKILL to the process group this long after the SIGINT
 BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeouts
 
 
@@ -36,7 +37,16 @@ BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeout
 
 def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_dir=""):
     """The sh script run inside the sandbox: resource limits (shell builtins: no extra process), compile,
-    record the compile status, then simulate under `timeout -s INT` so the `final` blocks still run."""
+    record the compile status, then simulate: at timeout_s vvp gets exactly ONE SIGINT (it stops and runs
+    the `final` blocks that write the coverage records), KILL_AFTER_S later the process group gets SIGKILL.
+    Two timeouts, because one `timeout -s INT -k ...` sends its SIGINT twice: to vvp and then to its process
+    group. vvp turns each SIGINT into its stop flag, and a stop flag raised again while the `final` blocks
+    run makes vvp drop each `final` thread after its next system task call: no record is written at all.
+    Measured with Icarus 11: a second SIGINT delivered 9 us after the first was harmless, each one delivered
+    18 to 270 us after it (while the `final` blocks ran) lost every record; `timeout` preempted between its
+    two kill() calls on a loaded machine is enough. The inner
+    `timeout --foreground` signals vvp only; the outer one sends only the SIGKILL, to the whole group (vvp,
+    its children, both timeouts: exit 137). The second `timeout` costs about 1 ms of CPU per run."""
     q = shlex.quote
     cpu = int(cfg.timeout_s + cfg.compile_timeout_s) + 5
     return (f"ulimit -v {cfg.mem_limit_mb << 10}\nulimit -t {cpu}\nulimit -f {FSIZE_LIMIT // 512}\n"
@@ -46,7 +56,7 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
-            f"exec timeout -s INT -k {KILL_AFTER_S} {cfg.timeout_s:g} vvp "
+            f"exec timeout -s KILL {cfg.timeout_s + KILL_AFTER_S:g} timeout --foreground -s INT {cfg.timeout_s:g} vvp "
             + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n")
 
 
@@ -286,8 +296,8 @@ def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
                 while tail_len - len(tail[0]) >= LOG_KEEP_BYTES:
                     tail_len -= len(tail.popleft())
             if total > cfg.output_cap_bytes and not limited:
-                limited = True       # SIGINT to `timeout` inside: it forwards INT to vvp, `final` runs
-                _signal_tree(proc_pid, signal.SIGINT, only_comm="timeout")
+                limited = True       # ONE SIGINT, to vvp itself (via the timeouts it could come twice): `final` runs
+                _signal_tree(proc_pid, signal.SIGINT, only_comm="vvp")
     sel.close()
     return head, b"".join(tail)[-LOG_KEEP_BYTES:], total, limited, killed, end
 

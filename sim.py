@@ -13,7 +13,7 @@ How it works (three layers, each testable alone):
      `build_script`/`bwrap_argv` turn a run into argv lists.
   2. Run (box.py, re-exported here). `run_job_dir` hands the run to this process's persistent sh loop (`_Box`: ONE bubblewrap start
      per process, i.e. per SimPool worker), which runs a tiny script in a subshell in the run's fresh
-     folder: resource limits, compile (iverilog), simulate (timeout -s INT ... vvp -n ... -none).
+     folder: resource limits, compile (iverilog), simulate (one SIGINT at the limit, then SIGKILL: vvp -n ... -none).
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
      below it (generate blocks, submodules), and computes metrics -> `SimResult`.
 
@@ -602,7 +602,7 @@ def _simulate(job, cfg, res, t0):
         for h in hints:
             res.notes.append(f"tb.sv:{h['line']}: {h['msg']} (it compiled anyway)")
         res.exit_code = run.rc
-        # 124: `timeout` sent SIGINT; 137 after >= timeout_s: it had to follow up with SIGKILL (-k)
+        # 124: the inner `timeout` sent SIGINT; 137 after >= timeout_s: the outer one had to follow up with SIGKILL
         res.timed_out = run.rc == 124 or run.backstop_killed or (run.rc == 137 and run.sim_s >= cfg.timeout_s)
         res.sim_finished = not res.timed_out and not run.output_limited and run.rc == 0
         cov_path = os.path.join(run_dir, out_file)

@@ -1,11 +1,20 @@
 """The persistent sandbox (sim._Box: one bubblewrap per process, runs one after another in fresh folders
 inside it): nothing a run writes survives for the next run, the only writable path is the run's folder's
 parent (emptied between runs), a printed fake end marker does not end a run, and the box is reused.
-The hostile suite (tests/test_sim_hostile.py) runs unchanged on top of it.
+The hostile suite (tests/test_sim_hostile.py) runs unchanged on top of it. The run script's signals, with a
+stand-in `vvp` that counts them: exactly one SIGINT at the wall-clock limit and at the output cap (a second
+one while the `final` blocks run makes vvp drop them: no coverage records), SIGKILL to the whole process group
+when the SIGINT is ignored.
 
 Run: python -m pytest -q tests/test_sim_box.py
 """
 import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 
 import pytest
 
@@ -73,3 +82,89 @@ def test_box_killed_at_the_backstop_is_replaced(box_used, monkeypatch):
     assert not old[0].alive() and sandboxed_boxes() == []    # the killed box is not handed out again
     monkeypatch.undo()
     assert run("  initial #30 $finish;").status == sim.OK
+
+
+# stand-in for vvp: spins like a zero-delay loop and counts the SIGINTs delivered to it (one byte each on the
+# wakeup fd); a child in its process group notes whether a SIGINT reached the group too (what makes a second
+# SIGINT arrive at vvp: sent back to back, the two often merge into one pending signal, so the count alone
+# cannot tell). Mode "ignore": ignores SIGINT, its child sleeps (the SIGKILL must reach both).
+FAKE_VVP = """import os, signal, subprocess, time
+MODE = %r
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.signal(signal.SIGINT, signal.SIG_IGN if MODE == "ignore" else (lambda *a: None))
+signal.set_wakeup_fd(w)
+child = subprocess.Popen(["sleep", "60"] if MODE == "ignore" else
+                         ["sh", "-c", "trap 'echo > child.sigint; exit 0' INT; while :; do sleep 0.05; done"])
+open("child.pid", "w").write(str(child.pid))
+n, stop = 0, None
+while stop is None or time.monotonic() < stop:
+    if MODE == "flood" and not n:
+        print("flood " * 20, flush=True)
+    try:
+        n += len(os.read(r, 64))
+    except BlockingIOError:
+        pass
+    if n and stop is None:
+        stop = time.monotonic() + 0.5       # a second SIGINT would come within microseconds
+child.terminate()
+child.wait()
+print("SIGINT x%%d, group %%s" %% (n, "too" if os.path.exists("child.sigint") else "not"), flush=True)
+"""
+
+
+def fake_tools(folder, mode):
+    """A bin folder with a no-op `iverilog` and the counting `vvp` (mode: "count", "ignore", "flood")."""
+    bin_dir = os.path.join(folder, "bin")
+    os.makedirs(bin_dir)
+    for name, text in (("iverilog", "#!/bin/sh\nexit 0\n"), ("vvp", f"#!{sys.executable}\n" + FAKE_VVP % mode)):
+        with open(os.path.join(bin_dir, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(bin_dir, name), 0o755)
+    return bin_dir
+
+
+def run_script(tmp_path, mode, cfg):
+    bin_dir = fake_tools(str(tmp_path), mode)
+    script = sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg)
+    # in a subshell, as the box runs it: a run killed by a signal has exit status 128 + signal
+    return subprocess.run(["sh", "-c", '( eval "$1" ); exit $?', "sh", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+
+
+def test_time_limit_sends_one_sigint(tmp_path):
+    p = run_script(tmp_path, "count", dataclasses.replace(FAST, timeout_s=2))
+    assert p.returncode == 124 and p.stdout.strip().endswith("SIGINT x1, group not"), (p.returncode, p.stdout)
+
+
+def test_ignored_sigint_gets_the_process_group_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sim.box, "KILL_AFTER_S", 1)
+    p = run_script(tmp_path, "ignore", dataclasses.replace(FAST, timeout_s=2))
+    assert p.returncode == 137, (p.returncode, p.stdout, p.stderr)
+    with open(tmp_path / "child.pid") as f:
+        child = int(f.read())
+    for _ in range(50):                     # the SIGKILL went to the whole group: vvp's child too
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"vvp's child {child} survived the SIGKILL")
+
+
+def test_output_cap_sends_one_sigint(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_tools(str(tmp_path), "flood") + ":" + os.environ["PATH"])
+    sim._close_boxes()                      # a fresh unsandboxed box that finds the stand-in on its PATH
+    cfg = dataclasses.replace(FAST, sandbox=False, output_cap_bytes=50_000)
+    run_dir = tempfile.mkdtemp(prefix="chorus_sim_test_")
+    try:
+        out = sim.run_job_dir(run_dir, sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg), cfg)
+    finally:
+        sim._close_boxes()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert out.output_limited and out.rc == 0 and out.tail.strip().endswith(b"SIGINT x1, group not"), out
