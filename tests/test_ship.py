@@ -36,7 +36,8 @@ def _run_folder(run):
     _adapter(s / "val_ckpt" / "step_000001" / "adapter")
     _adapter(s / "val_ckpt" / "step_000002" / "adapter")
     _put(s / "result.json", json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000002/adapter"},
-                                        "config": {"data": "/root/stage/runs/s2st/data/stage0.jsonl"}}))
+                                        "config": {"data": "/root" + "/stage/runs/s2st/data/stage0.jsonl",
+                                                   "out": "/root" + "/out/x"}}))
     for f in ("done.json", "log.jsonl", "curves.png", "stdout.log"):
         _put(s / f)
     _put(s / "ckpt" / "step_000002" / "meta.json")
@@ -121,7 +122,8 @@ def test_ship_then_unship_then_bundle_restores_the_run(tmp_path):
     _put(state / "rl0" / "ckpt" / "step_000005" / "meta.json")   # rl0's older handoff: replaced
     _sh(repo, env, "bench/gpu/unship.sh", str(out))
     assert {p.relative_to(state.parent).as_posix() for p in state.rglob("*") if p.is_file()} == SHIPPED | {"s2st/sft2/done.json"}
-    assert json.loads((state / "sft0" / "result.json").read_text())["config"]["data"] == "~/stage/runs/s2st/data/stage0.jsonl"
+    assert json.loads((state / "sft0" / "result.json").read_text())["config"] == {
+        "data": "~/stage/runs/s2st/data/stage0.jsonl", "out": "$OUT/x"}
 
     # the next session: a bundle of the state (+ data, wheels, GGUF) in two parts carried by two calls
     src = tmp_path / "bundle"

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: bash bench/gpu/unship.sh DIR [DIR ...]"; exit 2; }
+DEVICE_HOME=/root     # the device's home: its ~/stage and $OUT (/root/out) appear in the shipped files
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 for d in "$@"; do cp "$d"/ship.tgz.part* "$W"/ 2>/dev/null || true; cp "$d"/ship.sha256 "$W"/ 2>/dev/null || true; done
 [ -f "$W/ship.sha256" ] || { echo "unship: no ship.sha256 in $*"; exit 1; }
@@ -16,7 +17,7 @@ cat "$W"/ship.tgz.part* > "$W/ship.tgz"
 mkdir -p "$W/x" && tar xzf "$W/ship.tgz" -C "$W/x"
 [ -d "$W/x/s2st" ] || { echo "unship: the archive holds no s2st/"; exit 1; }
 find "$W/x" -type f \( -name '*.json' -o -name '*.jsonl' \) -not -name adapter_config.json -print0 \
-  | xargs -0 -r sed -i -e 's#/root/stage#~/stage#g' -e 's#/root/out#$OUT#g'
+  | xargs -0 -r sed -i -e "s#$DEVICE_HOME/stage#~/stage#g" -e "s#$DEVICE_HOME/out#\$OUT#g"
 mkdir -p results/small2/state/s2st
 for d in "$W"/x/s2st/*/; do
   name=$(basename "$d"); rm -rf "results/small2/state/s2st/$name"; mv "$d" results/small2/state/s2st/
