@@ -201,12 +201,13 @@ def _weights(ckpt):
 
 
 def assert_same_weights(a, b, moved_from=None):
-    """Equal within fp32 noise (Adam amplifies rounding where a gradient is near 0: ~1e-6 after two
-    steps), while one update moves some weight by > 1e-3."""
+    """Equal within fp32 noise, while one update moves some weight by > 1e-3. The two processes sum the
+    gradients in another order, and Adam amplifies that rounding where a gradient is near 0: ~1e-6 after two
+    steps on the CPUs of sessions 1-9, 1.4e-5 on session 10's (one weight of step 2); 5e-5 stays 20x under a move."""
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys() and wa
     for k in wa:
-        assert torch.allclose(wa[k], wb[k], atol=1e-5, rtol=1e-5), (k, float((wa[k] - wb[k]).abs().max()))
+        assert torch.allclose(wa[k], wb[k], atol=5e-5, rtol=1e-5), (k, float((wa[k] - wb[k]).abs().max()))
     if moved_from is not None:        # the update was not a no-op (else equality would say nothing)
         w0 = _weights(moved_from) if not isinstance(moved_from, dict) else moved_from
         assert max(float((wa[k] - w0[k]).abs().max()) for k in wa) > 1e-3
