@@ -14,6 +14,7 @@
 #              ~830 s of critical path against ~1300 s in a row, from session 10's stage times; SKIP_DECODE=1 / SKIP_OPD=1 leave part b's decode profiles / OPD out)
 #   PART=grad  bash bench/gpu/small2_stage0.sh   # bench/grad_check.py on the random 4B model (~4 min)
 #   PART=trace bash bench/gpu/small2_stage0.sh   # where the 4b backward turns non-finite (session 9; session 10's CPU-drawn folder trains finite)
+#   PART=gen4b bash bench/gpu/small2_stage0.sh   # bench/bench_4b.py's generation rows only, after the attention change (~5 min)
 #   PART=merge bash bench/gpu/small2_stage0.sh   # bench/profile_merge.py on the 4B and SmolLM2 shapes (~5 min)
 #   (PART=prefix, session 9, timed fastgen's shared-prefix layout: slower, removed with its flag)
 #   (if it shows cuDNN attention as the cause: CHORUS_NO_CUDNN_SDP=1 PROFILES=4b PART=cap ..., the variable reaches
@@ -114,6 +115,12 @@ if [ "${PART:-}" = cap ]; then
   CHORUS_GPU_CAP_GIB=24 timeout 60 "${CB[@]}" --stages data > $OUT/capbench_collect.log 2>&1
   tail -40 $OUT/capbench_collect.log; cp runs/capbench/*.log $OUT/ 2>/dev/null
   for k in 0 1 2; do cp runs/capbench/4b/sft$k/log.jsonl $OUT/4b_sft${k}_log.jsonl 2>/dev/null; done
+fi
+if [ "${PART:-}" = gen4b ]; then
+  # Issue 19: the 4-bit 4B generation rows (fast path and HF generate at batch 64 / 16 / 1) re-measured after
+  # session 4's attention change, on an otherwise idle GPU (bench.md's session-4 rows predate it); ~5 min
+  TAIL=30 step gen4b 560 python3 bench/bench_4b.py --skip sft,sft_nogc,rollout,dapo,opd,dapo_nofast,opd_nofast \
+      --time-budget 450 --out $OUT/bench_4b_gen.json
 fi
 if [ "${PART:-}" = merge ]; then
   # merge.py's phases on random r-16 experts of the 4B shapes (all 36 layers) and of SmolLM2's (session 9's faster
