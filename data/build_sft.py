@@ -227,10 +227,13 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="
 def state_policy_runs(tasks, levels=STATE_LEVELS, fail_fraction=0.3, seed=0, answer_mode="testbench"):
     """Weak states for stage 1: template answers at weak levels, plus (for `fail_fraction` of the
     designs) one broken copy with a typical mistake (teacher.CORRUPTIONS; in stimulus mode
-    teacher.STIMULUS_CORRUPTIONS of a template stimulus). Returns [(task, answer)]."""
-    rng = random.Random(seed)
+    teacher.STIMULUS_CORRUPTIONS of a template stimulus). Each design draws from a generator seeded by (seed, its
+    id), so adding or dropping one design changes no other design's states (one stream over the list in order did:
+    a design the simulator's wall clock kept out of the pool in one build shifted the draws of ~200 later rows).
+    Returns [(task, answer)]."""
     pairs = []
     for t in tasks:
+        rng = random.Random(f"{seed}:{t['id']}")      # str seeds hash with sha512: stable across processes
         stim = harness.task_mode(t, answer_mode) == "stimulus"
         make = teacher_mod.stimulus_answer if stim else teacher_mod.template_answer
         try:

@@ -274,3 +274,19 @@ def test_a_malformed_task_file_ends_in_one_line(tmp_path, capsys):
     assert rundir.cli("data/build_sft.py", build_sft.main, ["--tasks", str(bad), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"data/build_sft.py: error: {bad}:2: task is missing field(s)") and len(err.splitlines()) == 1
+
+
+def test_state_draws_are_per_design_so_dropping_one_leaves_the_others():
+    """Weak states and their corruptions depend on (seed, design id) only, not on the designs before it:
+    two data builds whose pools differ by one design (a simulator timeout under load) differ only there."""
+    tasks = generate_tasks(12, 0, "train")
+    full = build_sft.state_policy_runs(tasks, fail_fraction=0.5, seed=7)
+    less = build_sft.state_policy_runs(tasks[:3] + tasks[4:], fail_fraction=0.5, seed=7)
+    by_id = lambda pairs: {t["id"]: [a for u, a in pairs if u["id"] == t["id"]] for t, _ in pairs}
+    a, b = by_id(full), by_id(less)
+    assert set(a) - set(b) == {tasks[3]["id"]}
+    assert all(a[i] == b[i] for i in b)
+    assert sum(len(v) > len(build_sft.STATE_LEVELS) for v in a.values()) not in (0, len(a))   # some corrupted, not all
+    again = build_sft.state_policy_runs(list(reversed(tasks)), fail_fraction=0.5, seed=7)
+    assert by_id(again) == a                                   # the order of the list does not matter either
+    assert by_id(build_sft.state_policy_runs(tasks, fail_fraction=0.5, seed=8)) != a
