@@ -16,6 +16,7 @@
 #     results/small2/state/s2st), split into .stage/r1 .. .stage/rN: each part fills what one call carries beside
 #     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256. The data's .jsonl files must
 #     match results/small2/state/data.sha256 (written by the first bundle of a run): every session rebuilds them.
+#     DATA_DRIFT_OK=1 bundles a rebuild that differs and appends the difference to results/small2/state/data_drift.txt.
 #     `run runs` leaves out the wheels, .debs and GGUF, for a warm machine that small2_stage0.sh's setup staged.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,8 +40,19 @@ if [ "${1:-}" = run ]; then
   # the data stage is rebuilt each session: it must be the one the run's earlier stages trained on
   sums=$(cd runs/s2st && find data -name '*.jsonl' -type f | LC_ALL=C sort | xargs sha256sum)
   if [ -f results/small2/state/data.sha256 ]; then
-    diff <(echo "$sums") results/small2/state/data.sha256 > /dev/null || { echo "pack_stage: runs/s2st/data differs \
-from the data the run started with (results/small2/state/data.sha256): rebuild it, or start a new run"; exit 1; }
+    if ! drift=$(diff results/small2/state/data.sha256 <(echo "$sums")); then
+      if [ "${DATA_DRIFT_OK:-}" != 1 ]; then
+        echo "pack_stage: runs/s2st/data differs from the data the run started with (results/small2/state/data.sha256):"
+        echo "$drift" | grep '^[<>]' | cut -c1-90
+        echo "pack_stage: rebuild it, start a new run, or accept the drift with DATA_DRIFT_OK=1 (recorded in data_drift.txt)"
+        exit 1
+      fi
+      # the data stage's wall-clock simulator limits can flip a border design under load (results/small2/state/README.md):
+      # the run goes on with the rebuild, and the drift is kept with the state for the report to name
+      { echo "## $(date -u +%F\ %T) UTC, at $(git rev-parse --short HEAD): < the run's data, > this rebuild"; echo "$drift"; } \
+        >> results/small2/state/data_drift.txt
+      echo "pack_stage: data drift accepted (DATA_DRIFT_OK=1), recorded in results/small2/state/data_drift.txt: commit it"
+    fi
   else
     mkdir -p results/small2/state && echo "$sums" > results/small2/state/data.sha256
     echo "pack_stage: wrote results/small2/state/data.sha256 (commit it with the run's state)"
