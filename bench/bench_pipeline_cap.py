@@ -441,7 +441,7 @@ def main(argv=None):
             v.setdefault("run", {k: previous.get(k) for k in ("command", "started_at", "git", "env")})
         result["profiles"].update(kept)
     code = 0
-    if args.lanes and not args.stages:
+    if args.lanes:    # the collecting pass (--stages data) writes the JSON of stages the lanes ran
         result["notes"].append("--lanes: each profile's stages ran in bench/gpu/run_small.sh's five lanes, several "
                                "processes on one GPU at a time (each capped), so a stage's seconds include the other "
                                "lanes' load and nvidia-smi's whole-GPU column counts them too; torch's peaks are per process")

@@ -229,11 +229,12 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     assert got == weights
     reference = (repo / "results/small2/state/data.sha256").read_text()
     _put(repo / "runs" / "s2st" / "data" / "stage0.jsonl", "other rows\n")      # a rebuilt data stage that differs
-    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, capture_output=True, text=True)
+    env.pop("DATA_DRIFT_OK", None)
+    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=env, capture_output=True, text=True)
     assert p.returncode == 1 and "differs" in p.stdout and "data/stage0.jsonl" in p.stdout
     assert not (repo / "results/small2/state/data_drift.txt").exists()
     out = _sh(repo, dict(env, DATA_DRIFT_OK="1"), "bench/gpu/pack_stage.sh", "run")    # accepted, and recorded
     assert "drift accepted" in out
     drift = (repo / "results/small2/state/data_drift.txt").read_text()
-    assert drift.count("data/stage0.jsonl") == 2 and "< " in drift and "> " in drift
+    assert drift.count("data/stage0.jsonl") == 3 and "< " in drift and "> " in drift and "data/stage0.jsonl 1;" in drift
     assert (repo / "results/small2/state/data.sha256").read_text() == reference      # the run's reference is kept

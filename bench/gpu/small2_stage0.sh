@@ -48,7 +48,8 @@ if [ "${PART:-}" = setup ]; then
   exit 0
 fi
 [ "${PART:-}" = stash ] && exit 0
-[ -f $M ] || cat $S/g1/gguf.part* > $M
+# joined once all three parts are staged (a part that needs no GGUF, e.g. gen4b, may run before the last one came)
+[ -f $M ] || { [ -f $S/g1/gguf.part02 ] && cat $S/g1/gguf.part0[0-2] > $M.tmp && mv $M.tmp $M; }
 source bench/offline_setup.sh $S
 mkdir -p $S/runs; [ -e runs ] || ln -s $S/runs runs
 for r in s2tb s2st; do [ -d runs/$r ] || tar xzf .stage/data/$r.tgz -C runs; done
