@@ -164,7 +164,7 @@ def build_qwen3_4b(folder, tokenizer_source, seed=0, shape=None):
     built = common_read(folder / "build.json") or {}
     if built.get("version") == BUILD_VERSION and (folder / "config.json").is_file():
         print(f"[capbench] reusing {folder}")
-        return {"built": False, "build_s": 0.0, "init": built.get("init")}
+        return {"built": False, "build_s": 0.0, "first_build_s": built.get("build_s"), "init": built.get("init")}
     import shutil
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
