@@ -46,7 +46,9 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
     18 to 270 us after it (while the `final` blocks ran) lost every record; `timeout` preempted between its
     two kill() calls on a loaded machine is enough. The inner
     `timeout --foreground` signals vvp only; the outer one sends only the SIGKILL, to the whole group (vvp,
-    its children, both timeouts: exit 137). The second `timeout` costs about 1 ms of CPU per run."""
+    its children, both timeouts: exit 137). The second `timeout` costs about 1 ms of CPU per run. The shell's
+    `times` before and after the simulation give its CPU seconds (RunOutput.sim_cpu_s): a wall-clock timeout with
+    little CPU behind it means a busy machine, not a slow testbench (sim.starved_timeout)."""
     q = shlex.quote
     cpu = int(cfg.timeout_s + cfg.compile_timeout_s) + 5
     return (f"ulimit -v {cfg.mem_limit_mb << 10}\nulimit -t {cpu}\nulimit -f {FSIZE_LIMIT // 512}\n"
@@ -56,8 +58,12 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
-            f"exec timeout -s KILL {cfg.timeout_s + KILL_AFTER_S:g} timeout --foreground -s INT {cfg.timeout_s:g} vvp "
-            + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n")
+            "times > compile.times\n"
+            f"timeout -s KILL {cfg.timeout_s + KILL_AFTER_S:g} timeout --foreground -s INT {cfg.timeout_s:g} vvp "
+            + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n"
+            "rc=$?\n"
+            "times > sim.times\n"
+            "exit $rc\n")
 
 
 def bwrap_argv(run_dir, vpi_dir=""):
@@ -122,6 +128,18 @@ class RunOutput:
     sim_s: float
     sandbox: str
     command: str
+    sim_cpu_s: float | None = None      # CPU seconds of the simulation (vvp, user + sys; None: not recorded)
+
+
+def _children_cpu(path):
+    """User + system CPU seconds of a shell's waited-for children, from its `times` output (second line,
+    e.g. `0m1.250000s 0m0.030000s`), or None."""
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")
+        return sum(int(m) * 60 + float(sec) for m, sec in (w.rstrip("s").split("m") for w in lines[1].split()[:2]))
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _descendants(pid):
@@ -340,7 +358,8 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
             txt = f.read().strip()
         compile_rc = int(txt) if txt.lstrip("-").isdigit() else None
         t_compiled = os.path.getmtime(rc_path)
+    cpu0, cpu1 = (_children_cpu(os.path.join(run_dir, n)) for n in ("compile.times", "sim.times"))
     return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
                      output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
-                     command=command)
+                     command=command, sim_cpu_s=None if None in (cpu0, cpu1) else round(max(0.0, cpu1 - cpu0), 3))

@@ -66,6 +66,11 @@ Known gaps and deviations from docs/coverage.md:
     any DUT top port ends the run with $finish -> status sim_time_limit, coverage kept, reward 0. A run
     that runs out of events ends by itself as before; one that keeps running without touching the DUT's
     ports is stopped by the wall-clock timeout only. A `timeunit` inside the tb module is not seen.
+  - The wall-clock timeout depends on the machine's load: a run near its limit passes on a quiet machine and
+    times out on a busy one. Each run records its simulation's CPU seconds (timings["sim_cpu"], the shell's
+    `times` around vvp); starved_timeout() names a timeout that got less than half its limit in CPU time, and
+    the data builds (teacher.calibrate, build_sft) run those once more alone (simulate_many / score_answers
+    retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
@@ -571,6 +576,8 @@ def _simulate(job, cfg, res, t0):
             res.notes.append(f"sandbox: {_BWRAP_STATE.get('why', 'bubblewrap unusable')}; ran with rlimits + timeout only")
         res.timings["compile"] = round(run.compile_s, 4)
         res.timings["sim"] = round(run.sim_s, 4)
+        if run.sim_cpu_s is not None:
+            res.timings["sim_cpu"] = run.sim_cpu_s
         log = (run.head + (b"\n...[" + str(run.total_bytes - len(run.head) - len(run.tail)).encode()
                            + b" bytes cut]...\n" if run.total_bytes > len(run.head) + len(run.tail) else b"")
                + run.tail).decode("utf-8", "replace")
@@ -769,9 +776,24 @@ def _worker_main(cfg_json):
     return 0
 
 
-def simulate_many(jobs, workers=None, cfg=None, verbose=True):
+STARVED_CPU_SHARE = 0.5     # a timeout whose simulation got less than this share of the limit in CPU time
+
+
+def starved_timeout(result, timeout_s):
+    """True for a wall-clock timeout (status timeout) whose simulation had less than STARVED_CPU_SHARE of the
+    limit in CPU seconds (timings["sim_cpu"]): the machine was busy, and on a quieter one the run may finish.
+    A zero-delay loop or a long testbench uses its whole limit, so it is not starved. result: a SimResult or its dict."""
+    get = result.get if isinstance(result, dict) else (lambda k, d=None: getattr(result, k, d))
+    cpu = (get("timings") or {}).get("sim_cpu")
+    return get("status") == TIMEOUT and cpu is not None and cpu < STARVED_CPU_SHARE * timeout_s
+
+
+def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=False):
     """Score jobs with `workers` long-lived processes (1 = in this process); results in input order.
-    Ends with one summary line on stderr: runs, runs/s and counts per status."""
+    Ends with one summary line on stderr: runs, runs/s and counts per status. retry_starved: a starved timeout
+    (starved_timeout: the machine was too busy to give it its limit in CPU time) runs once more, alone in this
+    process after the others, and its second result is kept (data builds: so a build on a loaded machine keeps
+    the designs a quiet one keeps)."""
     t0 = time.perf_counter()
     workers = max(1, workers or os.cpu_count() or 1)
     if workers == 1 or len(jobs) <= 1:
@@ -779,13 +801,20 @@ def simulate_many(jobs, workers=None, cfg=None, verbose=True):
     else:
         with SimPool(workers, cfg) as pool:
             results = pool.map(jobs)
+    limit = (cfg or ScoreConfig()).timeout_s
+    starved = [i for i, r in enumerate(results) if starved_timeout(r, limit)]
+    if retry_starved:
+        for i in starved:
+            results[i] = simulate(jobs[i], cfg)
     dt = time.perf_counter() - t0
     if verbose:
         counts = {}
         for r in results:
             counts[r.status] = counts.get(r.status, 0) + 1
         print(f"sim: {len(results)} runs in {dt:.1f}s ({len(results) / max(dt, 1e-9):.1f} runs/s, {workers} workers): "
-              + " ".join(f"{k}={v}" for k, v in sorted(counts.items())), file=sys.stderr)
+              + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+              + (f" (starved timeouts: {len(starved)}{', run again alone' if retry_starved else ''})" if starved else ""),
+              file=sys.stderr)
     return results
 
 

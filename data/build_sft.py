@@ -205,7 +205,7 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="
     onpolicy.score_answers.
     """
     score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers",
-                                                        answer_mode=answer_mode))
+                                                        answer_mode=answer_mode, retry_starved=True))
     kept, answers, skipped = teacher_direct(tasks, teacher, n)
     pairs = [(t, a) for t, ans in zip(kept, answers) for a in ans]
     results = score_fn(pairs)
@@ -256,7 +256,7 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
     teacher refine (up to `rounds` times, each from the previous improved answer), filter by
     improvement, keep the largest reward gain per design. Returns (rows, stats)."""
     score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc=f"stage {stage}: states / refinements",
-                                                        answer_mode=answer_mode))
+                                                        answer_mode=answer_mode, retry_starved=True))
     results = score_fn(state_pairs)
     by_task, tasks = {}, {}
     for (t, a), r in zip(state_pairs, results):

@@ -709,7 +709,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
         keep.append(answers)
         for a in answers or []:
             jobs.append(sim.job_from_task(t, answer_code(a)))
-    results = sim.simulate_many(jobs, workers=workers, cfg=cfg)
+    results = sim.simulate_many(jobs, workers=workers, cfg=cfg, retry_starved=True)
     it = iter(results)
     per_task = [[_as_dict(next(it)) for _ in a] if a else [] for a in keep]
     ref_jobs, ref_idx = [], []
@@ -718,7 +718,8 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
             ans = refine(t, answers[1], res[1])
             ref_jobs.append(sim.job_from_task(t, answer_code(ans)))
             ref_idx.append(i)
-    ref_res = dict(zip(ref_idx, (_as_dict(r) for r in sim.simulate_many(ref_jobs, workers=workers, cfg=cfg))))
+    ref_res = dict(zip(ref_idx, (_as_dict(r) for r in sim.simulate_many(ref_jobs, workers=workers, cfg=cfg,
+                                                                         retry_starved=True))))
     out = []
     for i, t in enumerate(tasks):
         pcts = {"strong_pct": None, "long_pct": None, "refined_pct": None}

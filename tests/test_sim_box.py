@@ -168,3 +168,65 @@ def test_output_cap_sends_one_sigint(tmp_path, monkeypatch):
         sim._close_boxes()
         shutil.rmtree(run_dir, ignore_errors=True)
     assert out.output_limited and out.rc == 0 and out.tail.strip().endswith(b"SIGINT x1, group not"), out
+
+
+@pytest.mark.needs_iverilog
+def test_a_run_records_the_cpu_seconds_of_its_simulation():
+    """timings["sim_cpu"]: the shell's `times` around vvp. A zero-delay loop spends its wall-clock limit on the
+    CPU (at most the wall time; how much of it depends on the machine's load, so only the bounds are checked)."""
+    done = run("  initial #30 $finish;")
+    assert done.status == sim.OK and 0 <= done.timings["sim_cpu"] <= done.timings["sim"] + 0.3
+    loop = run("  reg x = 0;\n  initial while (1) x = ~x;", dataclasses.replace(FAST, timeout_s=2))
+    assert loop.status == sim.TIMEOUT and 0 < loop.timings["sim_cpu"] <= loop.timings["sim"] + 0.3
+
+
+def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
+    """A stand-in vvp that sleeps through its limit (as a run does on a machine too busy to schedule it) times out
+    with ~0 CPU seconds: sim.starved_timeout. A run that used its limit on the CPU is not starved."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("iverilog", "#!/bin/sh\nexit 0\n"), ("vvp", "#!/bin/sh\nexec sleep 30\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    sim._close_boxes()                      # a fresh unsandboxed box that finds the stand-ins on its PATH
+    cfg = dataclasses.replace(FAST, sandbox=False, timeout_s=1)
+    run_dir = tempfile.mkdtemp(prefix="chorus_sim_test_")
+    try:
+        out = sim.run_job_dir(run_dir, sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg), cfg)
+    finally:
+        sim._close_boxes()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    assert out.rc == 124 and out.sim_s >= 1 and out.sim_cpu_s is not None and out.sim_cpu_s < 0.2, out
+    starved = {"status": sim.TIMEOUT, "timings": {"sim": 1.0, "sim_cpu": out.sim_cpu_s}}
+    assert sim.starved_timeout(starved, 1) and sim.starved_timeout(sim.SimResult(**starved), 1)
+    assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.9}}, 1)   # used its limit
+    assert not sim.starved_timeout({"status": sim.OK, "timings": {"sim_cpu": 0.0}}, 1)
+    assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {}}, 1)                # not recorded
+
+
+def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
+    """simulate_many(retry_starved=True) and onpolicy.score_answers(retry_starved=True), the data builds' scoring:
+    each starved timeout is simulated once more and its second result kept; nothing else runs twice."""
+    import onpolicy
+    calls = []
+
+    def fake(job, cfg=None):
+        calls.append(job["id"])
+        first = calls.count(job["id"]) == 1
+        if job["id"] == "starved" and first:
+            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 2.0})
+        if job["id"] == "loop":
+            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 19.5})
+        return sim.SimResult(id=job["id"], status=sim.OK, overall_pct=50.0, timings={"sim": 1.0, "sim_cpu": 0.9})
+
+    monkeypatch.setattr(sim, "simulate", fake)
+    jobs = [{"id": i} for i in ("ok", "starved", "loop")]
+    assert [r.status for r in sim.simulate_many(jobs, workers=1)] == [sim.OK, sim.TIMEOUT, sim.TIMEOUT]
+    calls.clear()
+    got = sim.simulate_many(jobs, workers=1, retry_starved=True)
+    assert [r.status for r in got] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
+    calls.clear()
+    monkeypatch.setattr(onpolicy, "prepare_answer", lambda t, text, tm, am: (t, {"id": t["id"]}, None))
+    out = onpolicy.score_answers([({"id": i}, "") for i in ("ok", "starved", "loop")], workers=1, retry_starved=True)
+    assert [r["status"] for r in out] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
