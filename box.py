@@ -59,10 +59,11 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
             "times > compile.times\n"
+            "{ read -r _ && read -r c0; } < compile.times\n"       # kept in the shell: vvp may rewrite the file
             f"timeout -s KILL {cfg.timeout_s + KILL_AFTER_S:g} timeout --foreground -s INT {cfg.timeout_s:g} vvp "
             + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n"
             "rc=$?\n"
-            "times > sim.times\n"
+            "{ echo \"$c0\"; times; } > sim.times\n"
             "exit $rc\n")
 
 
@@ -131,13 +132,16 @@ class RunOutput:
     sim_cpu_s: float | None = None      # CPU seconds of the simulation (vvp, user + sys; None: not recorded)
 
 
-def _children_cpu(path):
-    """User + system CPU seconds of a shell's waited-for children, from its `times` output (second line,
-    e.g. `0m1.250000s 0m0.030000s`), or None."""
+def _sim_cpu(path):
+    """CPU seconds (user + system) of the simulation, from the run script's sim.times: the line of the shell's
+    children's times before vvp, then `times` after it (its own line, then its children's), e.g.
+    `0m1.250000s 0m0.030000s`; None when the file is missing or malformed (a run killed at the backstop)."""
+    def seconds(line):
+        return sum(int(m) * 60 + float(sec) for m, sec in (w.rstrip("s").split("m") for w in line.split()[:2]))
     try:
         with open(path) as f:
             lines = f.read().split("\n")
-        return sum(int(m) * 60 + float(sec) for m, sec in (w.rstrip("s").split("m") for w in lines[1].split()[:2]))
+        return round(max(0.0, seconds(lines[2]) - seconds(lines[0])), 3)
     except (OSError, IndexError, ValueError):
         return None
 
@@ -358,8 +362,7 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
             txt = f.read().strip()
         compile_rc = int(txt) if txt.lstrip("-").isdigit() else None
         t_compiled = os.path.getmtime(rc_path)
-    cpu0, cpu1 = (_children_cpu(os.path.join(run_dir, n)) for n in ("compile.times", "sim.times"))
     return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
                      output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
-                     command=command, sim_cpu_s=None if None in (cpu0, cpu1) else round(max(0.0, cpu1 - cpu0), 3))
+                     command=command, sim_cpu_s=_sim_cpu(os.path.join(run_dir, "sim.times")))

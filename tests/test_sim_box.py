@@ -182,7 +182,8 @@ def test_a_run_records_the_cpu_seconds_of_its_simulation():
 
 def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
     """A stand-in vvp that sleeps through its limit (as a run does on a machine too busy to schedule it) times out
-    with ~0 CPU seconds: sim.starved_timeout. A run that used its limit on the CPU is not starved."""
+    with ~0 CPU seconds: sim.starved_timeout. One that spins has CPU seconds although it rewrites the run
+    folder's compile.times (the shell read it before vvp started). A run that used its limit is not starved."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("iverilog", "#!/bin/sh\nexit 0\n"), ("vvp", "#!/bin/sh\nexec sleep 30\n")):
@@ -192,12 +193,18 @@ def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
     sim._close_boxes()                      # a fresh unsandboxed box that finds the stand-ins on its PATH
     cfg = dataclasses.replace(FAST, sandbox=False, timeout_s=1)
     run_dir = tempfile.mkdtemp(prefix="chorus_sim_test_")
+    script = sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg)
     try:
-        out = sim.run_job_dir(run_dir, sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg), cfg)
+        out = sim.run_job_dir(run_dir, script, cfg)
+        # a vvp that works (a shell loop until its SIGINT) and rewrites the folder's compile.times to hide it
+        (bin_dir / "vvp").write_text("#!/bin/sh\nprintf '0m0s 0m0s\\n999m0s 0m0s\\n' > compile.times\n"
+                                     "while :; do :; done\n")
+        busy = sim.run_job_dir(run_dir, script, cfg)
     finally:
         sim._close_boxes()
         shutil.rmtree(run_dir, ignore_errors=True)
     assert out.rc == 124 and out.sim_s >= 1 and out.sim_cpu_s is not None and out.sim_cpu_s < 0.2, out
+    assert busy.rc == 124 and busy.sim_cpu_s > 0.05, busy     # the shell read compile.times before vvp ran
     starved = {"status": sim.TIMEOUT, "timings": {"sim": 1.0, "sim_cpu": out.sim_cpu_s}}
     assert sim.starved_timeout(starved, 1) and sim.starved_timeout(sim.SimResult(**starved), 1)
     assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.9}}, 1)   # used its limit
