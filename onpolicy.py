@@ -140,10 +140,9 @@ def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate", answ
             counts[r.status] = counts.get(r.status, 0) + 1
             bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items())), refresh=False)
             bar.update(1)
-    if retry_starved:
-        limit = sim.ScoreConfig().timeout_s          # SimPool(workers) and simulate(j) score with the defaults
+    if retry_starved:                   # alone: the pool is closed
         for i, job in zip(todo, jobs):
-            if sim.starved_timeout(out[i], limit):
+            if sim.starved_timeout(out[i]):
                 out[i] = sim.simulate(job).to_dict()
     return out
 
@@ -343,6 +342,10 @@ def rollout_metrics(groups):
         "pass_rate": mean([float(s.score.passed) for s in samples]),
         "coverage": mean([(s.score.coverage or 0.0) if s.score.status == "ok" else 0.0 for s in samples]),
         "compile_rate": mean([float(s.score.compile_ok) for s in samples]),
+        # a timeout earns 0; one the busy machine starved of CPU (sim.starved_timeout) says the load, not the
+        # policy, cost the reward (several trainers or too many simulator workers on one machine)
+        "timeout_rate": mean([float(s.score.status == sim.TIMEOUT) for s in samples]),
+        "starved_timeouts": sum(sim.starved_timeout(s.score.result or {}) for s in samples),
         "parse_rate": mean([float(s.score.parsed) for s in samples]),
         "frac_reward_zero_std": mean([float(np.std(g.rewards) == 0) for g in groups]),
         "completions/mean_length": mean([len(s.completion_ids) for s in samples]),

@@ -70,7 +70,8 @@ Known gaps and deviations from docs/coverage.md:
     times out on a busy one. Each run records its simulation's CPU seconds (timings["sim_cpu"], the shell's
     `times` around vvp); starved_timeout() names a timeout that got less than half its limit in CPU time, and
     the data builds (teacher.calibrate, build_sft) run those once more alone (simulate_many / score_answers
-    retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause.
+    retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause; rl.py and
+    distill.py log each step's timeout_rate and starved_timeouts, so a run can see when load cost it rewards.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
@@ -578,6 +579,7 @@ def _simulate(job, cfg, res, t0):
         res.timings["sim"] = round(run.sim_s, 4)
         if run.sim_cpu_s is not None:
             res.timings["sim_cpu"] = run.sim_cpu_s
+        res.timings["sim_limit"] = cfg.timeout_s      # what sim_cpu is measured against (starved_timeout)
         log = (run.head + (b"\n...[" + str(run.total_bytes - len(run.head) - len(run.tail)).encode()
                            + b" bytes cut]...\n" if run.total_bytes > len(run.head) + len(run.tail) else b"")
                + run.tail).decode("utf-8", "replace")
@@ -779,13 +781,15 @@ def _worker_main(cfg_json):
 STARVED_CPU_SHARE = 0.5     # a timeout whose simulation got less than this share of the limit in CPU time
 
 
-def starved_timeout(result, timeout_s):
+def starved_timeout(result, timeout_s=None):
     """True for a wall-clock timeout (status timeout) whose simulation had less than STARVED_CPU_SHARE of the
-    limit in CPU seconds (timings["sim_cpu"]): the machine was busy, and on a quieter one the run may finish.
-    A zero-delay loop or a long testbench uses its whole limit, so it is not starved. result: a SimResult or its dict."""
+    limit (timeout_s, else the result's timings["sim_limit"]) in CPU seconds (timings["sim_cpu"]): the machine
+    was busy, and on a quieter one the run may finish. A zero-delay loop or a long testbench uses its whole
+    limit, so it is not starved. result: a SimResult or its dict."""
     get = result.get if isinstance(result, dict) else (lambda k, d=None: getattr(result, k, d))
-    cpu = (get("timings") or {}).get("sim_cpu")
-    return get("status") == TIMEOUT and cpu is not None and cpu < STARVED_CPU_SHARE * timeout_s
+    timings = get("timings") or {}
+    cpu, limit = timings.get("sim_cpu"), timeout_s or timings.get("sim_limit")
+    return get("status") == TIMEOUT and cpu is not None and limit is not None and cpu < STARVED_CPU_SHARE * limit
 
 
 def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=False):

@@ -224,6 +224,19 @@ def test_collect_groups_dynamic_sampling_refills_up_to_the_cap(refill):
     assert cursor == 3 and t["extra_prompts"] == 1 and len(kept) <= 4
     m = onpolicy.rollout_metrics(all_groups)
     assert m["frac_reward_zero_std"] == pytest.approx(0.5)
+    assert m["timeout_rate"] == 0 and m["starved_timeouts"] == 0
+
+
+def test_rollout_metrics_count_timeouts_and_the_starved_ones():
+    """timeout_rate over the step's samples; starved_timeouts: those the busy machine gave less than half their
+    limit in CPU time (sim.starved_timeout on the result's timings)."""
+    timings = [{"sim": 20.0, "sim_cpu": 3.0, "sim_limit": 20.0}, {"sim": 20.0, "sim_cpu": 19.0, "sim_limit": 20.0}]
+    samples = [Sample("t", 1, [], "x", [1], [2], False, Score(0.0, "timeout", None, result={"status": "timeout",
+                                                                                            "timings": t}))
+               for t in timings]
+    samples.append(Sample("t", 1, [], "x", [1], [2], False, Score(1.5, "ok", 0.5, result={"status": "ok"})))
+    m = onpolicy.rollout_metrics([Group(0, "t", 1, samples)])
+    assert m["timeout_rate"] == pytest.approx(2 / 3) and m["starved_timeouts"] == 1
 
 
 def test_refill_ahead_follows_the_sequential_rule_in_one_call():

@@ -176,6 +176,7 @@ def test_a_run_records_the_cpu_seconds_of_its_simulation():
     CPU (at most the wall time; how much of it depends on the machine's load, so only the bounds are checked)."""
     done = run("  initial #30 $finish;")
     assert done.status == sim.OK and 0 <= done.timings["sim_cpu"] <= done.timings["sim"] + 0.3
+    assert done.timings["sim_limit"] == FAST.timeout_s
     loop = run("  reg x = 0;\n  initial while (1) x = ~x;", dataclasses.replace(FAST, timeout_s=2))
     assert loop.status == sim.TIMEOUT and 0 < loop.timings["sim_cpu"] <= loop.timings["sim"] + 0.3
 
@@ -210,6 +211,8 @@ def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
     assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.9}}, 1)   # used its limit
     assert not sim.starved_timeout({"status": sim.OK, "timings": {"sim_cpu": 0.0}}, 1)
     assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {}}, 1)                # not recorded
+    assert sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.1, "sim_limit": 1}})  # its own limit
+    assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.1}})      # no limit known
 
 
 def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
@@ -222,9 +225,9 @@ def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
         calls.append(job["id"])
         first = calls.count(job["id"]) == 1
         if job["id"] == "starved" and first:
-            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 2.0})
+            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 2.0, "sim_limit": 20.0})
         if job["id"] == "loop":
-            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 19.5})
+            return sim.SimResult(id=job["id"], status=sim.TIMEOUT, timings={"sim": 20.0, "sim_cpu": 19.5, "sim_limit": 20.0})
         return sim.SimResult(id=job["id"], status=sim.OK, overall_pct=50.0, timings={"sim": 1.0, "sim_cpu": 0.9})
 
     monkeypatch.setattr(sim, "simulate", fake)
