@@ -58,7 +58,7 @@ def build_script(dut_names, defines, tb_name, vvp_name, cfg, after_tb=(), vpi_di
             "rc=$?\n"
             "echo $rc > compile.rc\n"
             "[ $rc -eq 0 ] || exit 0\n"
-            "times > compile.times\n"
+            "{ times; } > compile.times\n"             # braced: a failed redirection does not end the script
             "{ read -r _ && read -r c0; } < compile.times\n"       # kept in the shell: vvp may rewrite the file
             f"timeout -s KILL {cfg.timeout_s + KILL_AFTER_S:g} timeout --foreground -s INT {cfg.timeout_s:g} vvp "
             + (f"-M {q(vpi_dir)} -m toggle_cov " if vpi_dir else "") + f"-n {q(vvp_name)} -none 2>&1\n"
@@ -135,7 +135,7 @@ class RunOutput:
 def _sim_cpu(path):
     """CPU seconds (user + system) of the simulation, from the run script's sim.times: the line of the shell's
     children's times before vvp, then `times` after it (its own line, then its children's), e.g.
-    `0m1.250000s 0m0.030000s`; None when the file is missing or malformed (a run killed at the backstop)."""
+    `0m1.250000s 0m0.030000s`; None when the file is missing or malformed."""
     def seconds(line):
         return sum(int(m) * 60 + float(sec) for m, sec in (w.rstrip("s").split("m") for w in line.split()[:2]))
     try:
@@ -365,4 +365,7 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
     return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
                      output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
-                     command=command, sim_cpu_s=_sim_cpu(os.path.join(run_dir, "sim.times")))
+                     command=command,
+                     # not after a SIGKILL: the killed `timeout`s never reaped vvp, so its CPU never reached the
+                     # shell's `times` (a 137 would read as ~0 s); nor after the backstop (the shell wrote nothing)
+                     sim_cpu_s=_sim_cpu(os.path.join(run_dir, "sim.times")) if ok and rc != 137 else None)

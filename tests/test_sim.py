@@ -225,7 +225,7 @@ def test_argv_builders():
     assert "iverilog -g2012 '-D__cvabc_F=\".cov_1.txt\"' '-D__cvabc_T=\"t1\"' -o s1.vvp dut.sv tb.sv" in script
     assert '; timeout -s KILL 10 timeout --foreground -s INT 7 vvp -n s1.vvp -none 2>&1; rc=$?; { echo "$c0"; times; } ' \
            '> sim.times; exit $rc' in script.replace("\n", "; ")
-    assert script.index("times > compile.times") < script.index("vvp -n")     # CPU before and after the simulation
+    assert script.index("{ times; } > compile.times") < script.index("vvp -n")     # CPU before and after the simulation
     assert "ulimit -v 4194304" in script and "ulimit -n 256" in script
     argv = sim.bwrap_argv("/x/run")
     assert argv[0] == "bwrap" and "--unshare-all" in argv and ["--bind", "/x/run", "/sim"] == argv[argv.index("--bind"):argv.index("--bind") + 3]

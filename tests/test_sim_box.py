@@ -201,11 +201,16 @@ def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
         (bin_dir / "vvp").write_text("#!/bin/sh\nprintf '0m0s 0m0s\\n999m0s 0m0s\\n' > compile.times\n"
                                      "while :; do :; done\n")
         busy = sim.run_job_dir(run_dir, script, cfg)
+        (bin_dir / "vvp").write_text("#!/bin/sh\ntrap '' INT\nexec sleep 30\n")    # ignores the SIGINT: SIGKILL 1 s later
+        monkeypatch.setattr(sim.box, "KILL_AFTER_S", 1)
+        killed = sim.run_job_dir(run_dir, sim.build_script(["dut.sv"], [], "tb.sv", "s.vvp", cfg), cfg)
     finally:
         sim._close_boxes()
         shutil.rmtree(run_dir, ignore_errors=True)
     assert out.rc == 124 and out.sim_s >= 1 and out.sim_cpu_s is not None and out.sim_cpu_s < 0.2, out
     assert busy.rc == 124 and busy.sim_cpu_s > 0.05, busy     # the shell read compile.times before vvp ran
+    assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": killed.sim_cpu_s, "sim_limit": 1}})
+    assert killed.rc == 137 and killed.sim_cpu_s is None, killed   # SIGKILLed: vvp's CPU was never reaped, unknown
     starved = {"status": sim.TIMEOUT, "timings": {"sim": 1.0, "sim_cpu": out.sim_cpu_s}}
     assert sim.starved_timeout(starved, 1) and sim.starved_timeout(sim.SimResult(**starved), 1)
     assert not sim.starved_timeout({"status": sim.TIMEOUT, "timings": {"sim_cpu": 0.9}}, 1)   # used its limit
