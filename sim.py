@@ -805,8 +805,7 @@ def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=Fals
     else:
         with SimPool(workers, cfg) as pool:
             results = pool.map(jobs)
-    limit = (cfg or ScoreConfig()).timeout_s
-    starved = [i for i, r in enumerate(results) if starved_timeout(r, limit)]
+    starved = [i for i, r in enumerate(results) if starved_timeout(r)]     # each result carries its limit
     if retry_starved:
         for i in starved:
             results[i] = simulate(jobs[i], cfg)
