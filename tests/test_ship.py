@@ -29,7 +29,7 @@ def _adapter(folder):
 
 def _run_folder(run):
     """sft0 done (its pick: validated step 2), sft1 cut, rl0 cut after two checkpoints, merge done, val and data2
-    done (no adapter), the data stage."""
+    done (no adapter), the data stage. data and data2 are never shipped: their rows quote the corpus's RTL."""
     _put(run / "data" / "stage0.jsonl")
     s = run / "sft0"
     _adapter(s / "adapter")
@@ -71,7 +71,7 @@ SHIPPED = {
     "s2st/rl0/ckpt/step_000020/meta.json", "s2st/rl0/ckpt/step_000020/adapter/adapter_config.json",
     "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
     "s2st/merge/tune/soup_lam1/tune_eval/metrics.json", "s2st/merge/tune/soup_lam1/tune_eval/done.json",
-    "s2st/val/rl0/metrics.json", "s2st/val/done.json", "s2st/data2/stage2.jsonl", "s2st/data2/done.json"}
+    "s2st/val/rl0/metrics.json", "s2st/val/done.json"}
 
 
 def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monkeypatch):
@@ -238,3 +238,19 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     drift = (repo / "results/small2/state/data_drift.txt").read_text()
     assert drift.count("data/stage0.jsonl") == 3 and "< " in drift and "> " in drift and "data/stage0.jsonl 1;" in drift
     assert (repo / "results/small2/state/data.sha256").read_text() == reference      # the run's reference is kept
+
+
+def test_unship_leaves_a_data_stage_out(tmp_path):
+    """An older session's parts may hold data2 (rows quoting the corpus's RTL): unship.sh commits only the rest."""
+    repo = _repo_copy(tmp_path)
+    src, parts = tmp_path / "src", tmp_path / "parts"
+    _put(src / "s2st" / "sft0" / "done.json", "{}")
+    _put(src / "s2st" / "data2" / "stage2.jsonl", "rows")
+    parts.mkdir()
+    with tarfile.open(parts / "ship.tgz.part00", "w:gz") as t:
+        t.add(src / "s2st", arcname="s2st")
+    digest = hashlib.sha256((parts / "ship.tgz.part00").read_bytes()).hexdigest()
+    (parts / "ship.sha256").write_text(f"{digest}  ship.tgz\n")
+    _sh(repo, dict(os.environ), "bench/gpu/unship.sh", str(parts))
+    state = repo / "results" / "small2" / "state" / "s2st"
+    assert sorted(p.name for p in state.iterdir()) == ["sft0"]

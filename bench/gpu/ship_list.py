@@ -2,7 +2,9 @@
 
     cd RUNS && python ship_list.py s2st [--since STAMP] | tar czf - -T -
 
-A stage folder is every folder of RUN but data/ (the CPU box rebuilds the data stage). With --since, only the
+A stage folder is every folder of RUN but the data stages: data/ (the CPU box rebuilds it) and data2/ (rebuilt on
+the device, ~500 s on an H200, in the session that trains sft2). Their rows quote the third-party corpus's RTL, which
+stays in ../shared, never in the repository the shipped state is committed to. With --since, only the
 stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
 listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - training stages (sft*, rl*, opd*): when done (done.json), their small files (*.json, *.jsonl, *.png outside
@@ -14,8 +16,8 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
-- other stages (data2, val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
-Never: stdout logs, optimizer states, the data stage.
+- other stages (val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
+Never: stdout logs, optimizer states, the data stages.
 """
 import argparse
 import json
@@ -59,7 +61,7 @@ def ship_list(run, since=None):
     run = Path(run)
     stamp = Path(since).stat().st_mtime if since else None
     out = []
-    for stage in sorted(p for p in run.iterdir() if p.is_dir() and p.name != "data"):
+    for stage in sorted(p for p in run.iterdir() if p.is_dir() and not p.name.startswith("data")):
         if stamp is not None and not any(p.stat().st_mtime > stamp for p in files_of(stage)):
             continue                           # restored from the bundle and not run since
         out += [p for p in dict.fromkeys(stage_files(stage)) if "best/adapter" not in p.as_posix()]

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # On the CPU box: the parts a device session's `PART=ship` returned (ship.tgz.partNN + ship.sha256, in one or more
 # folders) joined, checked and unpacked into results/small2/state/s2st: each stage folder the archive holds replaces
-# the state's folder of that name, the others stay. Machine paths in the .json / .jsonl files are written as ~/stage
-# and $OUT (not in adapter_config.json: merge.py compares its base model path). Then commit results/small2/state:
+# the state's folder of that name, the others stay (data stages excepted: they are rebuilt, never committed).
+# Machine paths in the .json / .jsonl files are written as ~/stage and $OUT, adapter_config.json's base model path
+# included: each stage of the run starts from an adapter committed in that form (common.load_adapter keeps the loaded
+# config), so the experts agree on it and merge.py's check that they share a base still holds. Then commit
+# results/small2/state:
 # the next session's bundle reads it from HEAD.
 #   bash bench/gpu/unship.sh DIR [DIR ...]
 set -euo pipefail
@@ -16,11 +19,14 @@ cat "$W"/ship.tgz.part* > "$W/ship.tgz"
 (cd "$W" && sha256sum -c ship.sha256) || { echo "unship: parts missing or corrupt (ask for the rest with FIRST=4, 8, ...)"; exit 1; }
 mkdir -p "$W/x" && tar xzf "$W/ship.tgz" -C "$W/x"
 [ -d "$W/x/s2st" ] || { echo "unship: the archive holds no s2st/"; exit 1; }
-find "$W/x" -type f \( -name '*.json' -o -name '*.jsonl' \) -not -name adapter_config.json -print0 \
+find "$W/x" -type f \( -name '*.json' -o -name '*.jsonl' \) -print0 \
   | xargs -0 -r sed -i -e "s#$DEVICE_HOME/stage#~/stage#g" -e "s#$DEVICE_HOME/out#\$OUT#g"
 mkdir -p results/small2/state/s2st
 for d in "$W"/x/s2st/*/; do
-  name=$(basename "$d"); rm -rf "results/small2/state/s2st/$name"; mv "$d" results/small2/state/s2st/
+  name=$(basename "$d")
+  # a data stage's rows quote the third-party corpus (ship_list.py ships none since session 12; older parts may)
+  case $name in data*) echo "unship: $name left out (data stages are rebuilt, not committed)"; continue ;; esac
+  rm -rf "results/small2/state/s2st/$name"; mv "$d" results/small2/state/s2st/
   echo "unship: $name $(du -sh "results/small2/state/s2st/$name" | cut -f1)"
 done
 du -sh results/small2/state/s2st
