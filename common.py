@@ -722,7 +722,9 @@ def save_adapter(model, path, adapter_name="default"):
         raise ValueError(f"save_adapter: model has no adapter named {adapter_name!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sd = get_peft_model_state_dict(model, adapter_name=adapter_name)
+    # no embedding layers: the kit trains none, and peft's 'auto' would look up the base's config.json at the
+    # adapter's base path (a ~/stage path in the committed run state: a warning on every save)
+    sd = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False)
     sd = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in sd.items()}
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
     try:

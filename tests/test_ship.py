@@ -241,10 +241,13 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
 
 
 def test_unship_leaves_a_data_stage_out(tmp_path):
-    """An older session's parts may hold data2 (rows quoting the corpus's RTL): unship.sh commits only the rest."""
+    """An older session's parts may hold data2 (rows quoting the corpus's RTL): unship.sh commits only the rest,
+    with the adapters' base model path written as ~/stage."""
     repo = _repo_copy(tmp_path)
     src, parts = tmp_path / "src", tmp_path / "parts"
     _put(src / "s2st" / "sft0" / "done.json", "{}")
+    _put(src / "s2st" / "sft0" / "adapter" / "adapter_config.json",
+         json.dumps({"base_model_name_or_path": "/root" + "/stage/cache/hf/smollm2"}))
     _put(src / "s2st" / "data2" / "stage2.jsonl", "rows")
     parts.mkdir()
     with tarfile.open(parts / "ship.tgz.part00", "w:gz") as t:
@@ -254,3 +257,5 @@ def test_unship_leaves_a_data_stage_out(tmp_path):
     _sh(repo, dict(os.environ), "bench/gpu/unship.sh", str(parts))
     state = repo / "results" / "small2" / "state" / "s2st"
     assert sorted(p.name for p in state.iterdir()) == ["sft0"]
+    assert json.loads((state / "sft0" / "adapter" / "adapter_config.json").read_text()) == {
+        "base_model_name_or_path": "~/stage/cache/hf/smollm2"}

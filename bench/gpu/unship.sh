@@ -3,9 +3,10 @@
 # folders) joined, checked and unpacked into results/small2/state/s2st: each stage folder the archive holds replaces
 # the state's folder of that name, the others stay (data stages excepted: they are rebuilt, never committed).
 # Machine paths in the .json / .jsonl files are written as ~/stage and $OUT, adapter_config.json's base model path
-# included: each stage of the run starts from an adapter committed in that form (common.load_adapter keeps the loaded
-# config), so the experts agree on it and merge.py's check that they share a base still holds. Then commit
-# results/small2/state:
+# included (nothing loads a base by that path). Every adapter committed here is rewritten, and a stage started from
+# one keeps its path (common.load_adapter keeps the loaded config), so the experts of later sessions agree on it for
+# merge.py's same-base check. A fresh stage (sft0 again) run beside restored ones would write /root/stage: ship it
+# before merging. Then commit results/small2/state:
 # the next session's bundle reads it from HEAD.
 #   bash bench/gpu/unship.sh DIR [DIR ...]
 set -euo pipefail
