@@ -5,9 +5,8 @@
 # Machine paths in the .json / .jsonl files are written as ~/stage and $OUT, adapter_config.json's base model path
 # included (nothing loads a base by that path). Every adapter committed here is rewritten, and a stage started from
 # one keeps its path (common.load_adapter keeps the loaded config), so the experts of later sessions agree on it for
-# merge.py's same-base check. A fresh stage (sft0 again) run beside restored ones would write the device home's path: ship it
-# before merging. Then commit results/small2/state:
-# the next session's bundle reads it from HEAD.
+# merge.py's same-base check. A fresh stage (sft0 again) run beside restored ones would write the device home's
+# path: ship it before merging. Then commit results/small2/state: the next session's bundle reads it from HEAD.
 #   bash bench/gpu/unship.sh DIR [DIR ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
