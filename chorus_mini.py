@@ -26,7 +26,8 @@ Stages:
                the val tasks, or the dev set's tuning split), and the stage-0/1 SFT data (data/build_sft.py)
    sft0        SFT stage 0 (sft.py) on direct teacher data
    sft1        SFT stage 1 from sft0, on stage-0 + refinement data
-   data2       stage-2 SFT data: states from the sft1 model's own rollouts (build_sft.py --stage2-model)
+   data2       stage-2 SFT data: states from the sft1 model's own rollouts (build_sft.py --stage2-model), added to
+               the data stage's stage-1 rows (--stages01-from: what sft1 trained on, not a rebuild)
    sft2        SFT stage 2 from sft1
    rl0-rl2     one RL expert per SFT stage (rl.py), same tasks, budget and hyperparameters
    merge       soup / TIES / DARE-TIES (sum and mean forms) / DELLA of the three experts (merge.py); with
@@ -589,7 +590,7 @@ def data2_cmd(c, o, model):
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                       workers=c["sim_workers"], quant=c["quant"], answer_mode=c["answer_mode"], stage2_model=model,
                       stage2_adapter=rel(sft_adapter(c, o, "sft1")), stage2_n=c["stage2_n"],
-                      stage2_max_new_tokens=c["max_new_tokens"])])
+                      stage2_max_new_tokens=c["max_new_tokens"], stages01_from=rel(o / "data"))])
 
 
 def launch(c, script):

@@ -43,6 +43,8 @@ CLI:
       --decontaminate ../shared/data/dev_tasks.jsonl                           # drop dev look-alikes
   python data/build_sft.py ... --teacher-url http://127.0.0.1:8000 --teacher-model NAME   # chat teacher
   python data/build_sft.py ... --stage2-model Qwen/Qwen3-4B-Instruct-2507 --stage2-adapter runs/sft1/adapter
+  python data/build_sft.py ... --stage2-model M --stage2-adapter A --stages01-from runs/sft_data   # stage 2 on
+      # the stage-0/1 rows an earlier build wrote (what the stage-1 model trained on), not a rebuild of them
 A design the teacher cannot drive (data.teacher.TeacherError, e.g. a port of non-integral type) is
 counted by reason and skipped. Simulation phases show a tqdm bar.
 Files written (under --out): stage0.jsonl, stage1.jsonl, stage2.jsonl (with --stage2-model), result.json
@@ -354,31 +356,65 @@ def write_jsonl(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
+def load_stages01(folder, tasks, config):
+    """Stages 0-1 of the earlier build in `folder` (its stage0.jsonl, stage1.jsonl and build_info.json) as
+    (s0, st0, s1, st1). A stage-1 rebuild is not bit-exact (a simulator run near its wall-clock limit can pass in
+    one build and time out in another), so stage 2 starts from the rows the stage-1 model trained on. The build
+    must be of the same tasks with the same settings: anything else raises ValueError, naming what differs."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / "build_info.json").read_text())
+        s0, s1 = ([json.loads(x) for x in open(folder / f"stage{k}.jsonl")] for k in (0, 1))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot reuse stages 0-1 of {folder}: {e}") from None
+    old = {k: info.get("config", {}).get(k) for k in config}
+    if old != config:
+        diff = {k: (old[k], v) for k, v in config.items() if old[k] != v}
+        raise ValueError(f"cannot reuse stages 0-1 of {folder}: built with other settings (then, now): {diff}")
+    if info.get("tasks") != len(tasks):
+        raise ValueError(f"cannot reuse stages 0-1 of {folder}: built from {info.get('tasks')} tasks, not {len(tasks)}")
+    ids = {t["id"] for t in tasks}
+    stray = sorted({r.get("task_id") for r in s1} - ids)
+    if stray:
+        raise ValueError(f"cannot reuse stages 0-1 of {folder}: rows of {len(stray)} task(s) not in --tasks, "
+                         f"e.g. {stray[0]}")
+    return s0, info["stage0"], s1, info["stage1"]
+
+
 def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
-              states_fn=None, stage2_rounds=None, extra_info=None, answer_mode="testbench"):
+              states_fn=None, stage2_rounds=None, extra_info=None, answer_mode="testbench", stages01=None):
     """Stages 0 and 1 (and stage 2 when `states_fn` is given) into out_dir: stage0.jsonl, stage1.jsonl,
     [stage2.jsonl], build_info.json, then result.json and done.json (rundir.py's run folder). Returns the
     info: {tasks, config, stage0/1/2 stats, sizes (rows per stage), sizes_by_kind (rows per stage and kind),
     seconds (per stage and total), plus `extra_info` (e.g. the decontamination report)}. Designs the teacher
-    cannot drive are skipped after stage 0's try (stage0.skipped_by_reason) and left out of stages 1 and 2."""
+    cannot drive are skipped after stage 0's try (stage0.skipped_by_reason) and left out of stages 1 and 2.
+    `stages01`: (s0, st0, s1, st1) of an earlier build of the same tasks and settings (load_stages01), taken as
+    they are instead of rebuilt."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "done.json").unlink(missing_ok=True)
     t0 = time.time()
-    s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers, answer_mode)
-    t1 = time.time()
-    print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)"
-          + (f"; skipped {st0['skipped_teacher']} the teacher cannot drive: {st0['skipped_by_reason']}"
-             if st0["skipped_teacher"] else ""))
-    all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
-    s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds, answer_mode)
-    t2 = time.time()
-    print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
-          f"from {st1['states']} states ({t2 - t1:.0f} s)")
+    config = {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
+              "teacher": type(teacher).__name__, "answer_mode": answer_mode}
+    if stages01 is not None:   # stages 0-1 of an earlier build: the rows the stage-1 model trained on, as they were
+        s0, st0, s1, st1 = stages01
+        t1 = t2 = time.time()
+        print(f"stages 0-1: {len(s0)} + {len(s1)} rows of an earlier build, not rebuilt")
+        all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
+    else:
+        s0, st0 = build_stage0(tasks, teacher, n, score_fn, workers, answer_mode)
+        t1 = time.time()
+        print(f"stage 0: {st0['rows']} direct rows from {len(tasks)} tasks ({t1 - t0:.0f} s)"
+              + (f"; skipped {st0['skipped_teacher']} the teacher cannot drive: {st0['skipped_by_reason']}"
+                 if st0["skipped_teacher"] else ""))
+        all_tasks, tasks = tasks, [t for t in tasks if t["id"] not in set(st0["skipped_ids"])]
+        s1, st1 = build_stage1(tasks, teacher, s0, score_fn, workers, seed, fail_fraction, rounds, answer_mode)
+        t2 = time.time()
+        print(f"stage 1: {len(s1)} rows = {len(s0)} direct + {st1['rows']} refinement {st1['kept_by_kind']} "
+              f"from {st1['states']} states ({t2 - t1:.0f} s)")
     write_jsonl(out_dir / "stage0.jsonl", s0)
     write_jsonl(out_dir / "stage1.jsonl", s1)
-    info = {"tasks": len(all_tasks), "config": {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
-                                             "teacher": type(teacher).__name__, "answer_mode": answer_mode},
+    info = {"tasks": len(all_tasks), "config": dict(config),
             "answer_mode_fallbacks": harness.fallbacks(all_tasks, answer_mode),
             **(extra_info or {}),
             "stage0": st0, "stage1": st1, "sizes": {"stage0": len(s0), "stage1": len(s1)},
@@ -457,6 +493,8 @@ def main(argv=None):
     s2.add_argument("--stage2-temperature", type=float, default=0.7)
     s2.add_argument("--stage2-top-p", type=float, default=0.8)
     s2.add_argument("--stage2-rounds", type=int, default=None, help="refinement rounds (default: --rounds)")
+    s2.add_argument("--stages01-from", metavar="DIR", help="take stages 0-1 from this earlier build of the same "
+                    "--tasks and settings (its stage0/1.jsonl and build_info.json) instead of rebuilding them")
     args = ap.parse_args(argv)
     if bool(args.tasks) == bool(args.synthetic):
         ap.error("give exactly one of --tasks FILE or --synthetic N")
@@ -492,6 +530,12 @@ def main(argv=None):
                                         top_p=0.8, seed=args.seed, mode=args.answer_mode)
     else:
         teacher = teacher_mod.TemplateTeacher(args.level, args.seed, mode=args.answer_mode)
+    stages01 = None
+    if args.stages01_from:     # checked before the stage-2 model loads
+        stages01 = load_stages01(args.stages01_from, tasks, {
+            "n": args.n, "seed": args.seed, "fail_fraction": args.fail_fraction, "rounds": args.rounds,
+            "teacher": type(teacher).__name__, "answer_mode": args.answer_mode})
+        extra["stages01_from"] = args.stages01_from
     states_fn = None
     if args.stage2_model or args.stage2_adapter:   # no --stage2-model: the bundled SmolLM2
         sm, st = _load_model_and_adapter(args.stage2_model, args.stage2_adapter, args.quant)
@@ -506,7 +550,8 @@ def main(argv=None):
           f"fail_fraction={args.fail_fraction}, answer mode {args.answer_mode}, stage 2: {'yes' if states_fn else 'no'}, "
           f"workers={args.workers or 'all cores'} -> {args.out}")
     info = build_all(tasks, args.out, teacher, args.n, args.workers, args.seed, args.fail_fraction, args.rounds,
-                     states_fn=states_fn, stage2_rounds=args.stage2_rounds, extra_info=extra, answer_mode=args.answer_mode)
+                     states_fn=states_fn, stage2_rounds=args.stage2_rounds, extra_info=extra, answer_mode=args.answer_mode,
+                     stages01=stages01)
     print(f"sizes {info['sizes']}, by kind {info['sizes_by_kind']}, {info['seconds']['total']} s "
           f"-> {Path(args.out) / 'build_info.json'}")
     return info

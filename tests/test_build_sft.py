@@ -228,6 +228,40 @@ def test_a_design_the_teacher_cannot_drive_is_counted_and_skipped(tmp_path):
     assert done["script"] == "data/build_sft.py" and done["files"]["stage1"] == "stage1.jsonl"
 
 
+
+def test_stage2_on_an_earlier_builds_stages01_keeps_them_as_written(tmp_path):
+    """--stages01-from (chorus_mini's data2): stage 2 starts from the stage-0/1 rows an earlier build wrote,
+    row for row (not a rebuild), keeps its skipped designs out, and refuses a build of other tasks or settings."""
+    bad = {**task(9), "id": "grid", "dut_module_name": "grid",
+           "rtl_files": [{"name": "grid.sv", "content": UNDRIVABLE_RTL}]}
+    tasks = [task(0), bad, task(1)]
+    teacher = teacher_mod.TemplateTeacher("strong")
+    cfg = dict(n=1, fail_fraction=0.0, rounds=1, score_fn=_template_score)
+    build_sft.build_all(tasks, tmp_path / "a", teacher, **cfg)
+    s1 = (tmp_path / "a" / "stage1.jsonl").read_text().splitlines()
+    s1[0] = json.dumps({**json.loads(s1[0]), "marker": "as written"})        # a rebuild would not have it
+    (tmp_path / "a" / "stage1.jsonl").write_text("\n".join(s1) + "\n")
+    config = {"n": 1, "seed": 0, "fail_fraction": 0.0, "rounds": 1, "teacher": "TemplateTeacher",
+              "answer_mode": "testbench"}
+    loaded = build_sft.load_stages01(tmp_path / "a", tasks, config)
+    seen = []
+
+    def states_fn(ts):
+        seen.extend(t["id"] for t in ts)
+        return [(t, "no code") for t in ts]
+    info = build_sft.build_all(tasks, tmp_path / "b", teacher, states_fn=states_fn, stages01=loaded, **cfg)
+    s2 = (tmp_path / "b" / "stage2.jsonl").read_text().splitlines()
+    assert s2[:len(s1)] == s1 and json.loads(s2[0])["marker"] == "as written"
+    assert [json.loads(x)["kind"] for x in s2[len(s1):]] == ["refine_parse", "refine_parse"] and seen == ["t0", "t1"]
+    assert info["sizes"] == {"stage0": 2, "stage1": len(s1), "stage2": len(s1) + 2}
+    assert info["seconds"]["stage0"] == info["seconds"]["stage1"] == 0.0
+    with pytest.raises(ValueError, match=r"other settings \(then, now\): \{'rounds': \(1, 2\)\}"):
+        build_sft.load_stages01(tmp_path / "a", tasks, {**config, "rounds": 2})
+    with pytest.raises(ValueError, match="built from 3 tasks, not 2"):
+        build_sft.load_stages01(tmp_path / "a", tasks[:2], config)
+    with pytest.raises(ValueError, match="cannot reuse stages 0-1 of .*build_info.json"):
+        build_sft.load_stages01(tmp_path / "c", tasks, config)
+
 def _save_tiny(tmp_path):
     model, tok = common.tiny_model(seed=0)
     model.save_pretrained(tmp_path / "m")
