@@ -29,7 +29,8 @@ What one stage does, in order:
    Each validation appends a row {"step", "val": 1, ...} to log.jsonl and keeps that step's adapter in
    val_ckpt/step_N/adapter (bf16), so a later step can choose the stopping point; result.json's outcome names
    the best one (val_best_step, val_best_adapter: highest val/syn_pass, then lowest val/loss, then the
-   earlier step) and lists every val row (val_table). Validation runs on a forked RNG in eval mode, so the
+   earlier step; never step 0, the adapter the stage started from, when a later step was validated;
+   val_beats_start says whether it beats step 0) and lists every val row (val_table). Validation runs on a forked RNG in eval mode, so the
    training is exactly that of a run without it.
 
 Deviations from the paper (docs/method.md §3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
@@ -264,13 +265,19 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
     return rec
 
 
+def val_key(r):
+    """Validation rows in order of preference: the highest val/syn_pass, ties (or no SynPass: every row) broken
+    by the lower val/loss, then the earlier step."""
+    syn, loss = r.get("val/syn_pass"), r.get("val/loss")
+    return (-syn if syn is not None else 0.0, loss if loss is not None else math.inf, r["step"])
+
+
 def best_val(rows):
-    """The chosen stopping point among val rows: the highest val/syn_pass, ties (or no SynPass: every row)
-    broken by the lower val/loss, then the earlier step. None when there are no val rows."""
-    def key(r):
-        syn, loss = r.get("val/syn_pass"), r.get("val/loss")
-        return (-syn if syn is not None else 0.0, loss if loss is not None else math.inf, r["step"])
-    return min(rows, key=key) if rows else None
+    """The chosen stopping point among val rows (val_key), step 0 left out: it is the adapter the stage started
+    from (the previous stage's, or an untrained LoRA), and a stage hands on a model trained on its own data; step 0
+    only when no later step was validated. None when there are no val rows."""
+    trained = [r for r in rows if r["step"] > 0] or rows
+    return min(trained, key=val_key) if trained else None
 
 
 def val_adapter_path(step):
@@ -500,6 +507,12 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if best["step"] != val_table[-1]["step"]:
             print(f"sft: the best validation is step {best['step']}, not the last validated step "
                   f"{val_table[-1]['step']}: {out_dir / val_adapter_path(best['step'])}")
+        base = next((r for r in val_table if r["step"] == 0), None)
+        if base is not None and best["step"] > 0:    # did the stage's data help at all, on the validation numbers?
+            outcome["val_beats_start"] = val_key(best) < val_key(base)
+            if not outcome["val_beats_start"]:
+                print(f"sft: no validated step beats step 0 (the adapter the stage started from); the stage hands "
+                      f"on step {best['step']}, its best trained one")
     rundir.plot_log(log, out_dir / "curves.png", keys=["loss", "val/loss", "val/syn_pass", "lr", "grad_norm"])
     if finished and dist.is_main():
         common.save_adapter(model, str(out_dir / "adapter"))

@@ -375,6 +375,12 @@ def test_best_val_tie_rules():
     assert sft.best_val([{k: v for k, v in r.items() if k != "val/loss"} for r in rows])["step"] == 2
     assert sft.best_val([{k: v for k, v in r.items() if k != "val/syn_pass"} for r in rows])["step"] == 8
     assert sft.best_val([]) is None
+    # step 0 is where the stage started (sft2 of the small run: sft1's adapter, best on n=1 by one task): a later
+    # step is handed on even when step 0 validates better, so the staged checkpoints differ; alone, step 0 stands
+    start = [{"step": 0, "val/syn_pass": 98.3, "val/loss": 0.0116}, {"step": 189, "val/syn_pass": 96.6, "val/loss": 0.0109},
+             {"step": 378, "val/syn_pass": 94.8, "val/loss": 0.0082}, {"step": 567, "val/syn_pass": 96.6, "val/loss": 0.0076}]
+    assert sft.best_val(start)["step"] == 567 and sft.best_val(start[:1])["step"] == 0
+    assert sft.val_key(start[0]) < sft.val_key(start[3])          # what result.json's val_beats_start=False says
 
 
 def test_best_step_from_scripted_validation(rows, tmp_path, monkeypatch, capsys):
@@ -392,8 +398,25 @@ def test_best_step_from_scripted_validation(rows, tmp_path, monkeypatch, capsys)
         [(0, 0.0, 2), (1, 50.0, 2), (2, 50.0, 2), (3, 25.0, 2), (4, 10.0, 2)]
     assert o["val_best_step"] == 1 and o["val_best_adapter"] == "val_ckpt/step_000001/adapter"
     assert (tmp_path / "s" / o["val_best_adapter"] / "adapter_model.safetensors").exists()
+    assert o["val_beats_start"] is True
     out = capsys.readouterr().out
     assert "sft: the best validation is step 1, not the last validated step 4" in out
+    assert "no validated step beats step 0" not in out
+
+
+def test_a_stage_that_does_not_beat_its_start_still_hands_on_a_trained_step(rows, tmp_path, monkeypatch, capsys):
+    """SynPass 90 at step 0 (the adapter the stage started from), then 50, 60, 25, 10: step 2 is handed on,
+    result.json says it does not beat the start, and stdout says so."""
+    import evaluate
+    script = iter([90.0, 50.0, 60.0, 25.0, 10.0])
+    monkeypatch.setattr(evaluate, "validate", lambda model, tok, tasks, **kw: {"val/syn_pass": next(script)})
+    model, tok = fresh()
+    o = sft.train_sft(model, tok, rows, tmp_path / "s", epochs=1, lr=3e-3, batch_size=2, grad_accum=1, max_len=512,
+                      seed=0, progress=False, val_tasks=[{"id": "a"}], val_every=1)["outcome"]
+    assert o["val_best_step"] == 2 and o["val_beats_start"] is False
+    assert json.loads((tmp_path / "s" / "result.json").read_text())["outcome"]["val_best_step"] == 2
+    assert "no validated step beats step 0 (the adapter the stage started from); the stage hands on step 2" \
+        in capsys.readouterr().out
 
 
 def test_bad_validation_files_end_in_one_line(rows, tmp_path, capsys):
