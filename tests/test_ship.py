@@ -259,3 +259,43 @@ def test_unship_leaves_a_data_stage_out(tmp_path):
     assert sorted(p.name for p in state.iterdir()) == ["sft0"]
     assert json.loads((state / "sft0" / "adapter" / "adapter_config.json").read_text()) == {
         "base_model_name_or_path": "~/stage/cache/hf/smollm2"}
+
+
+FAKE_RUN = """#!/bin/bash
+# chorus_mini.py run --profile P --out R --only STAGE ...: one RL checkpoint (a handoff), and the cap it was given
+if [ "$1" = chorus_mini.py ]; then
+  d=$6/$8; mkdir -p $d/ckpt/step_000010/adapter
+  echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
+  echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
+  echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
+  echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl
+  echo "$8 ran"; exit 0
+fi
+exec PYTHON "$@"
+"""
+
+
+def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_path):
+    """PART=stage PARALLEL=1: each stage's process sees $CHORUS_GPU_CAP_GIB = 130 / the stage count, and the call
+    returns its logs as one file plus the ship of what ran since the restore, within the device's 8 files."""
+    repo = _repo_copy(tmp_path)
+    home, out, fake = tmp_path / "home", tmp_path / "out", tmp_path / "bin"
+    out.mkdir()
+    _put(fake / "python3", FAKE_RUN.replace("PYTHON", sys.executable))
+    (fake / "python3").chmod(0o755)
+    (home / "stage" / "runs" / "s2st").mkdir(parents=True)
+    _put(home / "stage" / "restored.stamp")
+    old = (home / "stage" / "restored.stamp").stat().st_mtime - 100
+    os.utime(home / "stage" / "restored.stamp", (old, old))
+    env = {**os.environ, "HOME": str(home), "OUT": str(out), "PATH": f"{fake}:{os.environ['PATH']}"}
+    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1", "PARALLEL": "1", "T": "20"}, "bench/gpu/small2_run.sh")
+    assert "== rc 0" in log and "rl0 ran" in log and "ship: parts from 0" in log
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]
+    with tarfile.open(out / "logs.tgz") as t:
+        logs = {m.name: t.extractfile(m).read().decode() for m in t.getmembers()}
+    assert set(logs) == {"stage.log", "stage_rl0.log", "stage_rl1.log", "rl0_log.jsonl", "rl1_log.jsonl"}
+    assert json.loads(logs["rl1_log.jsonl"])["cap"] == "65"
+    with tarfile.open(out / "ship.tgz.part00") as t:
+        assert sorted(t.getnames()) == sorted(f"s2st/{s}/{f}" for s in ("rl0", "rl1") for f in (
+            "log.jsonl", "ckpt/step_000010/meta.json", "ckpt/step_000010/adapter/adapter_config.json",
+            "ckpt/step_000010/adapter/adapter_model.safetensors"))
