@@ -262,22 +262,28 @@ def test_unship_leaves_a_data_stage_out(tmp_path):
 
 
 FAKE_RUN = """#!/bin/bash
-# chorus_mini.py run --profile P --out R --only STAGE ...: one RL checkpoint (a handoff), and the cap it was given
+# chorus_mini.py run --profile P --out R --only STAGE [STAGE ...] --set ...: per stage one RL checkpoint (a
+# handoff) and a log row with the cap the process was given
 if [ "$1" = chorus_mini.py ]; then
-  d=$6/$8; mkdir -p $d/ckpt/step_000010/adapter
-  echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
-  echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
-  echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
-  echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl
-  echo "$8 ran"; exit 0
+  out=$6; shift 7
+  while [ "${1#--}" = "$1" ]; do
+    d=$out/$1; mkdir -p $d/ckpt/step_000010/adapter
+    echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
+    echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
+    echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
+    echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl
+    echo "$1 ran"; shift
+  done
+  exit 0
 fi
 exec PYTHON "$@"
 """
 
 
 def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_path):
-    """PART=stage PARALLEL=1: each stage's process sees $CHORUS_GPU_CAP_GIB = 130 / the stage count, and the call
-    returns its logs as one file plus the ship of what ran since the restore, within the device's 8 files."""
+    """PART=stage PARALLEL=1: each process (a+b: one process that runs a then b) sees $CHORUS_GPU_CAP_GIB = 130 /
+    the process count, and the call returns its logs as one file plus the ship of what ran since the restore,
+    within the device's 8 files."""
     repo = _repo_copy(tmp_path)
     home, out, fake = tmp_path / "home", tmp_path / "out", tmp_path / "bin"
     out.mkdir()
@@ -288,14 +294,16 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
     old = (home / "stage" / "restored.stamp").stat().st_mtime - 100
     os.utime(home / "stage" / "restored.stamp", (old, old))
     env = {**os.environ, "HOME": str(home), "OUT": str(out), "PATH": f"{fake}:{os.environ['PATH']}"}
-    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1", "PARALLEL": "1", "T": "20"}, "bench/gpu/small2_run.sh")
-    assert "== rc 0" in log and "rl0 ran" in log and "ship: parts from 0" in log
+    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "20"}, "bench/gpu/small2_run.sh")
+    assert "== rc 0" in log and "rl2 ran" in log and "ship: parts from 0" in log
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]
     with tarfile.open(out / "logs.tgz") as t:
         logs = {m.name: t.extractfile(m).read().decode() for m in t.getmembers()}
-    assert set(logs) == {"stage.log", "stage_rl0.log", "stage_rl1.log", "rl0_log.jsonl", "rl1_log.jsonl"}
-    assert json.loads(logs["rl1_log.jsonl"])["cap"] == "65"
+    assert set(logs) == {"stage.log", "stage_rl0.log", "stage_rl1+rl2.log", "rl0_log.jsonl", "rl1_log.jsonl",
+                         "rl2_log.jsonl"}
+    assert [json.loads(logs[f"rl{k}_log.jsonl"])["cap"] for k in range(3)] == ["65"] * 3
+    assert "rl1 ran\nrl2 ran" in logs["stage_rl1+rl2.log"]
     with tarfile.open(out / "ship.tgz.part00") as t:
-        assert sorted(t.getnames()) == sorted(f"s2st/{s}/{f}" for s in ("rl0", "rl1") for f in (
+        assert sorted(t.getnames()) == sorted(f"s2st/{s}/{f}" for s in ("rl0", "rl1", "rl2") for f in (
             "log.jsonl", "ckpt/step_000010/meta.json", "ckpt/step_000010/adapter/adapter_config.json",
             "ckpt/step_000010/adapter/adapter_model.safetensors"))

@@ -16,6 +16,7 @@
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
+#   PART=stage STAGES="rl0 rl1 data2+sft2" PARALLEL=1 ...           a+b: one process that runs a, then b
 #     A stage call returns its logs as logs.tgz and then ships (below) what this session ran so far, so nothing is
 #     lost if the machine goes cold before the next call (SHIP=0: no ship). Leave ~30 s of the call for it.
 #   PART=ship    bash bench/gpu/small2_run.sh      the stages that ran in this session (bench/gpu/ship_list.py: the
@@ -58,14 +59,15 @@ source bench/offline_setup.sh $S
 if [ "${PART:-}" = stage ]; then
   # One process group, so a cut leaves nothing running; the stage resumes in the next call.
   # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
-  # model leaves an H200 mostly idle), the simulator workers split between them, and each process capped at
+  # model leaves an H200 mostly idle; a word a+b runs a then b in its process, e.g. data2+sft2 beside rl0 and rl1,
+  # which need neither), the simulator workers split between them, and each process capped at
   # CAP_GIB (default 130 / the number of stages) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
   if [ "${PARALLEL:-0}" = 1 ]; then
     n=$(echo $STAGES | wc -w); w=$(( 14 / n > 2 ? 14 / n : 2 ))
     export CHORUS_GPU_CAP_GIB=${CAP_GIB:-$(( 130 / n ))}
-    setsid bash -c 'for s in '"$STAGES"'; do python3 chorus_mini.py run --profile '"$PROFILE"' --out '"$R"' --only $s \
+    setsid bash -c 'for s in '"$STAGES"'; do python3 chorus_mini.py run --profile '"$PROFILE"' --out '"$R"' --only ${s//+/ } \
         "$@" --set sim_workers='"$w"' > '"$OUT"'/stage_$s.log 2>&1 & pids+=($!); done
         rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc' _ "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
   else
@@ -75,7 +77,7 @@ if [ "${PART:-}" = stage ]; then
   kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-560} s"; }
   wait $P 2>/dev/null; echo "== rc $?"
   for f in $OUT/stage*.log; do echo "-- $f"; tail -${TAIL:-15} $f | cut -c1-300; done
-  for s in $STAGES; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
+  for s in ${STAGES//+/ }; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
   # the logs as one file (a call returns 8 files at most), then the ship in the same call (SHIP=0: not): a machine
   # that goes cold before a separate PART=ship call loses the session's work (session 13 lost sft2 and 35 RL steps)
   (cd $OUT && tar czf logs.tgz stage*.log *_log.jsonl 2>/dev/null && rm -f stage*.log *_log.jsonl)
