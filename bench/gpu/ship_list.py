@@ -3,7 +3,7 @@
     cd RUNS && python ship_list.py s2st [--since STAMP] | tar czf - -T -
 
 A stage folder is every folder of RUN but the data stages: data/ (the CPU box rebuilds it) and data2/ (rebuilt on
-the device, ~500 s on an H200, in the session that trains sft2). Their rows quote the third-party corpus's RTL, which
+the device, ~370 s on an H200, in the session that trains sft2). Their rows quote the third-party corpus's RTL, which
 stays in ../shared, never in the repository the shipped state is committed to. With --since, only the
 stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
 listed: unship.sh replaces those stage folders and keeps the others. Per stage:
