@@ -54,6 +54,7 @@ sizes (rows per stage), sizes_by_kind (rows per stage and kind), seconds (per st
 total), decontamination (eval files, threshold, dropped ids with their F1) and stage2_policy.
 """
 import argparse
+import hashlib
 import json
 import random
 import re
@@ -356,29 +357,51 @@ def write_jsonl(path, rows):
             f.write(json.dumps(r) + "\n")
 
 
+def build_config(tasks, teacher, n, seed, fail_fraction, rounds, answer_mode):
+    """A build's settings, as build_info.json and result.json record them (and load_stages01 compares them):
+    the teacher's class and level (the template teacher's), and the sha256 of the task list as given."""
+    digest = hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()
+    return {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds, "teacher": type(teacher).__name__,
+            "teacher_level": getattr(teacher, "level", None), "answer_mode": answer_mode, "tasks_sha256": digest}
+
+
+# compared always; a build_config key outside these only when the earlier build recorded it (older builds did not)
+ALWAYS_COMPARED = ("n", "seed", "fail_fraction", "rounds", "teacher", "answer_mode")
+
+
 def load_stages01(folder, tasks, config):
-    """Stages 0-1 of the earlier build in `folder` (its stage0.jsonl, stage1.jsonl and build_info.json) as
-    (s0, st0, s1, st1). A stage-1 rebuild is not bit-exact (a simulator run near its wall-clock limit can pass in
-    one build and time out in another), so stage 2 starts from the rows the stage-1 model trained on. The build
-    must be of the same tasks with the same settings: anything else raises ValueError, naming what differs."""
+    """Stages 0-1 of the finished earlier build in `folder` (its stage0.jsonl, stage1.jsonl, build_info.json and
+    done.json) as (s0, st0, s1, st1). A stage-1 rebuild is not bit-exact (a simulator run near its wall-clock limit
+    can pass in one build and time out in another), so stage 2 starts from the rows the stage-1 model trained on.
+    The build must be of the same tasks with the same settings (`config`: build_config's): anything else raises
+    ValueError, naming what differs."""
     folder = Path(folder)
+    why = f"cannot reuse stages 0-1 of {folder}"
     try:
         info = json.loads((folder / "build_info.json").read_text())
+        if not (folder / "done.json").is_file():
+            raise ValueError("the build did not finish (no done.json)")
         s0, s1 = ([json.loads(x) for x in open(folder / f"stage{k}.jsonl")] for k in (0, 1))
+        st0, st1, sizes = info["stage0"], info["stage1"], info["sizes"]
+        st0["skipped_ids"]     # build_all reads it: a build_info.json without it is refused here
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot reuse stages 0-1 of {folder}: {e}") from None
-    old = {k: info.get("config", {}).get(k) for k in config}
-    if old != config:
-        diff = {k: (old[k], v) for k, v in config.items() if old[k] != v}
-        raise ValueError(f"cannot reuse stages 0-1 of {folder}: built with other settings (then, now): {diff}")
+        raise ValueError(f"{why}: {e}") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{why}: build_info.json lacks {e}") from None
+    old = info.get("config") or {}
+    keys = [k for k in config if k in ALWAYS_COMPARED or k in old]
+    diff = {k: (old.get(k), config[k]) for k in keys if old.get(k) != config[k]}
+    if diff:
+        raise ValueError(f"{why}: built with other settings (then, now): {diff}")
     if info.get("tasks") != len(tasks):
-        raise ValueError(f"cannot reuse stages 0-1 of {folder}: built from {info.get('tasks')} tasks, not {len(tasks)}")
-    ids = {t["id"] for t in tasks}
-    stray = sorted({r.get("task_id") for r in s1} - ids)
+        raise ValueError(f"{why}: built from {info.get('tasks')} tasks, not {len(tasks)}")
+    if (sizes.get("stage0"), sizes.get("stage1")) != (len(s0), len(s1)):
+        raise ValueError(f"{why}: its .jsonl files hold {len(s0)} + {len(s1)} rows, build_info.json says "
+                         f"{sizes.get('stage0')} + {sizes.get('stage1')}")
+    stray = sorted({r.get("task_id") for r in s1} - {t["id"] for t in tasks})
     if stray:
-        raise ValueError(f"cannot reuse stages 0-1 of {folder}: rows of {len(stray)} task(s) not in --tasks, "
-                         f"e.g. {stray[0]}")
-    return s0, info["stage0"], s1, info["stage1"]
+        raise ValueError(f"{why}: rows of {len(stray)} task(s) not in --tasks, e.g. {stray[0]}")
+    return s0, st0, s1, st1
 
 
 def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=0.3, rounds=2, score_fn=None,
@@ -394,8 +417,7 @@ def build_all(tasks, out_dir, teacher, n=2, workers=None, seed=0, fail_fraction=
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "done.json").unlink(missing_ok=True)
     t0 = time.time()
-    config = {"n": n, "seed": seed, "fail_fraction": fail_fraction, "rounds": rounds,
-              "teacher": type(teacher).__name__, "answer_mode": answer_mode}
+    config = build_config(tasks, teacher, n, seed, fail_fraction, rounds, answer_mode)
     if stages01 is not None:   # stages 0-1 of an earlier build: the rows the stage-1 model trained on, as they were
         s0, st0, s1, st1 = stages01
         t1 = t2 = time.time()
@@ -504,6 +526,8 @@ def main(argv=None):
         ap.error("--teacher-url needs --teacher-model")
     if args.teacher_url and args.teacher_hf:
         ap.error("give at most one of --teacher-url and --teacher-hf")
+    if args.stages01_from and not (args.stage2_model or args.stage2_adapter):
+        ap.error("--stages01-from is for a stage-2 build: give --stage2-model (and --stage2-adapter)")
     t_start = time.time()
     if args.tasks:
         tasks = sim.load_tasks(args.tasks)
@@ -532,9 +556,8 @@ def main(argv=None):
         teacher = teacher_mod.TemplateTeacher(args.level, args.seed, mode=args.answer_mode)
     stages01 = None
     if args.stages01_from:     # checked before the stage-2 model loads
-        stages01 = load_stages01(args.stages01_from, tasks, {
-            "n": args.n, "seed": args.seed, "fail_fraction": args.fail_fraction, "rounds": args.rounds,
-            "teacher": type(teacher).__name__, "answer_mode": args.answer_mode})
+        stages01 = load_stages01(args.stages01_from, tasks, build_config(
+            tasks, teacher, args.n, args.seed, args.fail_fraction, args.rounds, args.answer_mode))
         extra["stages01_from"] = args.stages01_from
     states_fn = None
     if args.stage2_model or args.stage2_adapter:   # no --stage2-model: the bundled SmolLM2

@@ -241,8 +241,7 @@ def test_stage2_on_an_earlier_builds_stages01_keeps_them_as_written(tmp_path):
     s1 = (tmp_path / "a" / "stage1.jsonl").read_text().splitlines()
     s1[0] = json.dumps({**json.loads(s1[0]), "marker": "as written"})        # a rebuild would not have it
     (tmp_path / "a" / "stage1.jsonl").write_text("\n".join(s1) + "\n")
-    config = {"n": 1, "seed": 0, "fail_fraction": 0.0, "rounds": 1, "teacher": "TemplateTeacher",
-              "answer_mode": "testbench"}
+    config = build_sft.build_config(tasks, teacher, 1, 0, 0.0, 1, "testbench")
     loaded = build_sft.load_stages01(tmp_path / "a", tasks, config)
     seen = []
 
@@ -261,6 +260,45 @@ def test_stage2_on_an_earlier_builds_stages01_keeps_them_as_written(tmp_path):
         build_sft.load_stages01(tmp_path / "a", tasks[:2], config)
     with pytest.raises(ValueError, match="cannot reuse stages 0-1 of .*build_info.json"):
         build_sft.load_stages01(tmp_path / "c", tasks, config)
+    weak = build_sft.build_config(tasks, teacher_mod.TemplateTeacher("weak"), 1, 0, 0.0, 1, "testbench")
+    with pytest.raises(ValueError, match=r"\{'teacher_level': \('strong', 'weak'\)\}"):
+        build_sft.load_stages01(tmp_path / "a", tasks, weak)
+    edited = [tasks[0], bad, {**tasks[2], "instruction": "other"}]           # same ids and count, other content
+    with pytest.raises(ValueError, match="'tasks_sha256'"):
+        build_sft.load_stages01(tmp_path / "a", edited, build_sft.build_config(edited, teacher, 1, 0, 0.0, 1, "testbench"))
+    old = {k: v for k, v in config.items() if k not in ("teacher_level", "tasks_sha256")}
+    info = json.loads((tmp_path / "a" / "build_info.json").read_text())
+    (tmp_path / "a" / "build_info.json").write_text(json.dumps({**info, "config": old}))   # an older build's record
+    assert build_sft.load_stages01(tmp_path / "a", tasks, config)[2] == [json.loads(x) for x in s1]
+    stray = [task(0), bad, task(2)]
+    with pytest.raises(ValueError, match="rows of 1 task\\(s\\) not in --tasks, e.g. t1"):
+        build_sft.load_stages01(tmp_path / "a", stray, build_sft.build_config(stray, teacher, 1, 0, 0.0, 1, "testbench"))
+    (tmp_path / "a" / "stage1.jsonl").write_text("\n".join(s1[1:]) + "\n")
+    with pytest.raises(ValueError, match="files hold 2 \\+ 1 rows, build_info.json says 2 \\+ 2"):
+        build_sft.load_stages01(tmp_path / "a", tasks, config)
+    (tmp_path / "a" / "build_info.json").write_text(json.dumps({**info, "stage0": {}}))
+    with pytest.raises(ValueError, match="build_info.json lacks 'skipped_ids'"):
+        build_sft.load_stages01(tmp_path / "a", tasks, config)
+    (tmp_path / "a" / "done.json").unlink()
+    with pytest.raises(ValueError, match="did not finish"):
+        build_sft.load_stages01(tmp_path / "a", tasks, config)
+
+
+def test_stages01_from_is_checked_before_the_stage2_model_loads(tmp_path, capsys):
+    """The CLI refuses --stages01-from without a stage-2 model, and an earlier build of other settings before it
+    loads one (the model path below does not exist: its error would come first otherwise)."""
+    tasks = [task(0), task(1)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    build_sft.build_all(tasks, tmp_path / "a", teacher_mod.TemplateTeacher("strong"), n=1, fail_fraction=0.0,
+                        rounds=1, score_fn=_template_score)
+    base = ["--tasks", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "b"), "--stages01-from", str(tmp_path / "a"),
+            "--n", "1", "--fail-fraction", "0"]
+    with pytest.raises(SystemExit):
+        build_sft.main(base + ["--rounds", "1"])
+    assert "--stages01-from is for a stage-2 build" in capsys.readouterr().err
+    assert rundir.cli("data/build_sft.py", build_sft.main, base + ["--rounds", "2", "--stage2-model", "no/such"]) == 1
+    assert "built with other settings (then, now): {'rounds': (1, 2)}" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
 
 def _save_tiny(tmp_path):
     model, tok = common.tiny_model(seed=0)

@@ -263,7 +263,7 @@ def test_unship_leaves_a_data_stage_out(tmp_path):
 
 FAKE_RUN = """#!/bin/bash
 # chorus_mini.py run --profile P --out R --only STAGE [STAGE ...] --set ...: per stage one RL checkpoint (a
-# handoff) and a log row with the cap the process was given
+# handoff) and, but for a data stage (which writes no log.jsonl), a log row with the cap the process was given
 if [ "$1" = chorus_mini.py ]; then
   out=$6; shift 7
   while [ "${1#--}" = "$1" ]; do
@@ -271,7 +271,7 @@ if [ "$1" = chorus_mini.py ]; then
     echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
     echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
     echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
-    echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl
+    case $1 in data*) ;; *) echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl ;; esac
     echo "$1 ran"; shift
   done
   exit 0
@@ -280,20 +280,45 @@ exec PYTHON "$@"
 """
 
 
-def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_path):
-    """PART=stage PARALLEL=1: each process (a+b: one process that runs a then b) sees $CHORUS_GPU_CAP_GIB = 130 /
-    the process count, and the call returns its logs as one file plus the ship of what ran since the restore,
-    within the device's 8 files."""
+def _stage_env(tmp_path):
+    """A repo copy and a device home restored 100 s ago, with the fake chorus_mini.py run first on PATH."""
     repo = _repo_copy(tmp_path)
-    home, out, fake = tmp_path / "home", tmp_path / "out", tmp_path / "bin"
-    out.mkdir()
+    home, fake = tmp_path / "home", tmp_path / "bin"
     _put(fake / "python3", FAKE_RUN.replace("PYTHON", sys.executable))
     (fake / "python3").chmod(0o755)
     (home / "stage" / "runs" / "s2st").mkdir(parents=True)
     _put(home / "stage" / "restored.stamp")
     old = (home / "stage" / "restored.stamp").stat().st_mtime - 100
     os.utime(home / "stage" / "restored.stamp", (old, old))
-    env = {**os.environ, "HOME": str(home), "OUT": str(out), "PATH": f"{fake}:{os.environ['PATH']}"}
+    return repo, {**os.environ, "HOME": str(home), "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def test_a_stage_call_with_nothing_to_ship_says_so_and_a_chain_runs_without_parallel(tmp_path):
+    """data2 alone: no log.jsonl to return and nothing to ship (data stages never are): the call returns logs.tgz
+    only and says why nothing was packed. data2+rl0 without PARALLEL: one process runs both, rl0 is shipped."""
+    repo, env = _stage_env(tmp_path)
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    out1.mkdir(), out2.mkdir()
+    log = _sh(repo, {**env, "OUT": str(out1), "PART": "stage", "STAGES": "data2", "T": "20"}, "bench/gpu/small2_run.sh")
+    assert "ship: not packed: ship_list: nothing to ship" in log
+    assert [p.name for p in out1.iterdir()] == ["logs.tgz"]
+    with tarfile.open(out1 / "logs.tgz") as t:
+        assert t.getnames() == ["stage.log"]
+    log = _sh(repo, {**env, "OUT": str(out2), "PART": "stage", "STAGES": "data2+rl0", "T": "20"}, "bench/gpu/small2_run.sh")
+    assert "data2 ran\nrl0 ran" in log and "ship: parts from 0 (four at most) of 1" in log
+    assert sorted(p.name for p in out2.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]
+    with tarfile.open(out2 / "ship.tgz.part00") as t:
+        assert {n.split("/")[1] for n in t.getnames()} == {"rl0"}
+
+
+def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_path):
+    """PART=stage PARALLEL=1: each process (a+b: one process that runs a then b) sees $CHORUS_GPU_CAP_GIB = 130 /
+    the process count, and the call returns its logs as one file plus the ship of what ran since the restore,
+    within the device's 8 files."""
+    repo, env = _stage_env(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    env["OUT"] = str(out)
     log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "20"}, "bench/gpu/small2_run.sh")
     assert "== rc 0" in log and "rl2 ran" in log and "ship: parts from 0" in log
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]

@@ -77,6 +77,7 @@ if __name__ == "__main__":
         sys.exit(f"ship_list: {a.run} is not a folder")
     files = ship_list(a.run, a.since)
     if not files:
-        sys.exit("ship_list: nothing to ship (no stage ran since the restore)")
+        sys.exit("ship_list: nothing to ship (no stage finished or left an RL / OPD checkpoint since the restore; "
+                 "data stages are never shipped)")
     for p in files:
         print(p.as_posix())

@@ -61,7 +61,7 @@ if [ "${PART:-}" = stage ]; then
   # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
   # model leaves an H200 mostly idle; a word a+b runs a then b in its process, e.g. data2+sft2 beside rl0 and rl1,
   # which need neither), the simulator workers split between them, and each process capped at
-  # CAP_GIB (default 130 / the number of stages) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
+  # CAP_GIB (default 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
   if [ "${PARALLEL:-0}" = 1 ]; then
@@ -71,7 +71,7 @@ if [ "${PART:-}" = stage ]; then
         "$@" --set sim_workers='"$w"' > '"$OUT"'/stage_$s.log 2>&1 & pids+=($!); done
         rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc' _ "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
   else
-    setsid python3 chorus_mini.py run --profile $PROFILE --out $R --only $STAGES "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
+    setsid python3 chorus_mini.py run --profile $PROFILE --out $R --only ${STAGES//+/ } "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
   fi
   for i in $(seq ${T:-560}); do kill -0 $P 2>/dev/null || break; sleep 1; done
   kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-560} s"; }
@@ -80,7 +80,7 @@ if [ "${PART:-}" = stage ]; then
   for s in ${STAGES//+/ }; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
   # the logs as one file (a call returns 8 files at most), then the ship in the same call (SHIP=0: not): a machine
   # that goes cold before a separate PART=ship call loses the session's work (session 13 lost sft2 and 35 RL steps)
-  (cd $OUT && tar czf logs.tgz stage*.log *_log.jsonl 2>/dev/null && rm -f stage*.log *_log.jsonl)
+  (cd $OUT && shopt -s nullglob && f=(stage*.log *_log.jsonl) && tar czf logs.tgz "${f[@]}" && rm -f "${f[@]}")
   [ "${SHIP:-1}" = 1 ] && { PART=ship; SHIP_NEW=1; }
 fi
 
@@ -97,12 +97,19 @@ pack() {
   local parts=($D/$name.tgz.part*) first=${FIRST:-0}
   cp $D/$name.sha256 "${parts[@]:$first:4}" $OUT/
   echo "$name: parts from $first (four at most) of ${#parts[@]}, $(du -cb "${parts[@]}" | tail -1 | cut -f1) bytes in all"
+  [ ${#parts[@]} -le $((first + 4)) ] || echo "$name: NOT ALL PARTS RETURNED: call PART=$name FIRST=$((first + 4)) next"
   ls -la $OUT
 }
 if [ "${PART:-}" = ship ]; then
   # what later sessions need (results/small2/state/s2st, committed on the CPU box); bench/gpu/ship_list.py chooses
   since=(); [ -f $S/restored.stamp ] && since=(--since $S/restored.stamp)
-  pack ship bash -c "set -o pipefail; cd $S/runs && python3 $PWD/bench/gpu/ship_list.py s2st ${since[*]} | tar czf - -T -"
+  # nothing to ship yet (only data2 ran, or an SFT stage was cut) or a bad run folder: say why, keep an earlier pack
+  B=$PWD/bench/gpu/ship_list.py
+  if why=$(cd $S/runs && python3 $B s2st ${since[*]} 2>&1 > /dev/null); then
+    pack ship bash -c "set -o pipefail; cd $S/runs && python3 $B s2st ${since[*]} | tar czf - -T -"
+  else
+    echo "ship: not packed: $why"
+  fi
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
