@@ -155,7 +155,8 @@ PROFILES = {
         "train_val_n": 1,          # samples per val task in those validations (direct answers, fixed seed)
         "sft_val_every": None,     # optimizer steps between SFT validations (None: each epoch's end)
         "sft_pick": "last",        # the adapter an SFT stage hands on (next stage, its RL expert, stage-2 data, eval):
-                                   # last = the final one; best = its best validated step (train_val; result.json)
+                                   # last = the final one; best = its best validated step (train_val; result.json;
+                                   # never step 0, the adapter it started from, when a later step was validated)
         "rl_val_every": 10,        # RL/OPD steps between validations
         "rl_val_patience": 5,      # validations without a gain > 0.005 in val/reward that make a plateau
         "rl_stop_on_plateau": False,  # end an RL run at its plateau (its steps are then a maximum); OPD's three

@@ -30,8 +30,8 @@ What one stage does, in order:
    val_ckpt/step_N/adapter (bf16), so a later step can choose the stopping point; result.json's outcome names
    the best one (val_best_step, val_best_adapter: highest val/syn_pass, then lowest val/loss, then the
    earlier step; never step 0, the adapter the stage started from, when a later step was validated;
-   val_beats_start says whether it beats step 0) and lists every val row (val_table). Validation runs on a forked RNG in eval mode, so the
-   training is exactly that of a run without it.
+   val_beats_start says whether it beats step 0) and lists every val row (val_table). Validation runs on a
+   forked RNG in eval mode, so the training is exactly that of a run without it.
 
 Deviations from the paper (docs/method.md §3.2): LoRA instead of full fine-tuning, so the default LR is 2e-4 rather
 than 1e-5; the cutoff is 4096 tokens rather than 40960.

@@ -228,7 +228,6 @@ def test_a_design_the_teacher_cannot_drive_is_counted_and_skipped(tmp_path):
     assert done["script"] == "data/build_sft.py" and done["files"]["stage1"] == "stage1.jsonl"
 
 
-
 def test_stage2_on_an_earlier_builds_stages01_keeps_them_as_written(tmp_path):
     """--stages01-from (chorus_mini's data2): stage 2 starts from the stage-0/1 rows an earlier build wrote,
     row for row (not a rebuild), keeps its skipped designs out, and refuses a build of other tasks or settings."""
@@ -299,6 +298,7 @@ def test_stages01_from_is_checked_before_the_stage2_model_loads(tmp_path, capsys
     assert rundir.cli("data/build_sft.py", build_sft.main, base + ["--rounds", "2", "--stage2-model", "no/such"]) == 1
     assert "built with other settings (then, now): {'rounds': (1, 2)}" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
 
 def _save_tiny(tmp_path):
     model, tok = common.tiny_model(seed=0)

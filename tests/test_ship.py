@@ -1,6 +1,7 @@
 """The run state's round trip between device sessions (bench/gpu/): ship_list.py chooses what a session ships,
-small2_run.sh packs it (PART=ship) and unpacks the next session's bundle (PART=stash / restore), unship.sh puts it
-in results/small2/state. Run in a copy of the scripts, with HOME and OUT in tmp_path, as on the device."""
+small2_run.sh packs it (PART=ship, and at the end of each PART=stage call) and unpacks the next session's bundle
+(PART=stash / restore), unship.sh puts it in results/small2/state. Run in a copy of the scripts, with HOME and OUT
+in tmp_path, as on the device."""
 import hashlib
 import json
 import os

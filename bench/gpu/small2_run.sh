@@ -60,8 +60,8 @@ if [ "${PART:-}" = stage ]; then
   # One process group, so a cut leaves nothing running; the stage resumes in the next call.
   # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
   # model leaves an H200 mostly idle; a word a+b runs a then b in its process, e.g. data2+sft2 beside rl0 and rl1,
-  # which need neither), the simulator workers split between them, and each process capped at
-  # CAP_GIB (default 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
+  # which need neither), the simulator workers split between them, and each process capped at CAP_GIB (default
+  # 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
   if [ "${PARALLEL:-0}" = 1 ]; then
