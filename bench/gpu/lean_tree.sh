@@ -3,7 +3,9 @@
 # (results/small2/state, ~10 MB per adapter) and other large committed results would crowd out the GGUF and
 # the wheels, so during a device session they leave the working tree and travel inside the run bundle instead
 # (pack_stage.sh run). They are committed: `restore` takes them back from HEAD.
-#   bash bench/gpu/lean_tree.sh hide      # tracked files over 1 MB under results/ leave the tree (listed in .stage/hidden.txt)
+#   bash bench/gpu/lean_tree.sh hide [MIN] # tracked files over MIN bytes (default 1 MB) under results/ leave the tree
+#                                         (listed in .stage/hidden.txt); `hide 0`: all of results/, so the bundle
+#                                         (pack_stage.sh run) fits in two parts: fewer calls that must find the machine warm
 #   bash bench/gpu/lean_tree.sh restore   # git checkout of that list
 #   bash bench/gpu/lean_tree.sh size      # bytes a device call would send now (tracked + untracked, not ignored)
 # hide refuses a file with uncommitted changes: nothing is lost.
@@ -15,7 +17,7 @@ size() { { git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/de
 case "${1:-}" in
   hide)
     mkdir -p .stage
-    { git ls-files -z results | xargs -0 -r stat -c '%s %n' 2>/dev/null || true; } | awk '$1 > 1000000 {print $2}' > $LIST.new
+    { git ls-files -z results | xargs -0 -r stat -c '%s %n' 2>/dev/null || true; } | awk -v min="${2:-1000000}" '$1 > min {print $2}' > $LIST.new
     if ! git diff --quiet HEAD -- $(cat $LIST.new); then
       echo "lean_tree: uncommitted changes in files over 1 MB; commit them first"; rm $LIST.new; exit 1
     fi
@@ -31,5 +33,5 @@ case "${1:-}" in
     fi
     echo "lean_tree: restored; the tree is $(size) bytes" ;;
   size) size ;;
-  *) echo "usage: bash bench/gpu/lean_tree.sh hide|restore|size"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/lean_tree.sh hide [MIN_BYTES]|restore|size"; exit 2 ;;
 esac
