@@ -442,6 +442,10 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
         rss.append(peak_rss)
         gpu.append(peak_gpu)
+        if code == rundir.EXIT_DEADLINE:      # $CHORUS_DEADLINE: checkpointed and stopped on purpose; later stages wait
+            print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
+                  f"the same command resumes it", file=sys.stderr)
+            raise SystemExit(rundir.EXIT_DEADLINE)
         if code != 0:
             raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
                              f"re-run by hand from {ROOT.name}/:\n  {cmd}")

@@ -366,20 +366,27 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     micro_memo = {}            # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
-    stopped = False
+    stopped, deadline_hit = False, False
+    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed
     try:
         while True:
             last_step = step == args.steps
             # validation (the student) before the checkpoint, so a checkpoint's log holds its step's val row
             stopped = onpolicy.validate_step(args, model, tok, val_tasks, log, log_path, out, step,
                                              release_fast=release_fast, write=bar.write) and not last_step
+            deadline_hit = not last_step and not stopped and deadline.near()
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
-                             {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
+                             {"user_config": user_config, "cursor": cursor, "log": log},
+                                 out / "curves.png", PLOT_KEYS, force=deadline_hit)
             if last_step:
                 break
             if stopped:                   # --stop-on-plateau: end as a finished run does
                 bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
+                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
+                break
+            if deadline_hit:
+                bar.write(deadline.stop_message(step))
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- rollouts and the gate
@@ -454,10 +461,13 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                       f"sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
             bar.update(1)
             step += 1
+            deadline.tick()
     finally:
         bar.close()
         if pool is not None:
             pool.close()
+    if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
+        return rundir.EXIT_DEADLINE
 
     train_log = [r for r in log if not r.get("val")]         # the training rows (val rows: validate_step)
     steps_with = lambda k: [r[k] for r in train_log if r.get(k) is not None]

@@ -380,7 +380,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
-    stopped = False
+    stopped, deadline_hit = False, False
+    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed
     try:
         while True:
             last_step = step == args.steps
@@ -388,13 +389,19 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             stopped = validate_step(args, model, tok, val_tasks, log, log_path, out, step,
                                     release_fast=release_fast_default(args.release_fast), write=bar.write) \
                 and not last_step
+            deadline_hit = not last_step and not stopped and deadline.near()
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
-                                 {"user_config": user_config, "cursor": cursor, "log": log}, out / "curves.png", PLOT_KEYS)
+                                 {"user_config": user_config, "cursor": cursor, "log": log},
+                                 out / "curves.png", PLOT_KEYS, force=deadline_hit)
             if last_step:
                 break
             if stopped:                   # --stop-on-plateau: end as a finished run does
                 bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
+                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
+                break
+            if deadline_hit:
+                bar.write(deadline.stop_message(step))
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- one RL step
@@ -436,10 +443,13 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                       f"| gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
             bar.update(1)
             step += 1
+            deadline.tick()
     finally:
         bar.close()
         if pool is not None:
             pool.close()
+    if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
+        return rundir.EXIT_DEADLINE
 
     last = next((r for r in reversed(log) if not r.get("val")), {})       # the last training row
     val = {**val_summary(log, args.val_patience), "stopped_on_plateau": stopped} if val_tasks is not None else {}

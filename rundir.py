@@ -12,6 +12,9 @@ Checkpoints are written to a temporary folder renamed last, so a folder named st
 A checkpoint without optimizer.pt (a *handoff*: adapter/ + meta.json, ~10 MB instead of ~70 for the small profile,
 what crosses between device sessions) resumes rl.py / distill.py from the bf16 adapter with fresh Adam moments;
 the run's handoffs.jsonl records each such resume.
+A wall-clock deadline ($CHORUS_DEADLINE, unix seconds; class Deadline) makes sft.py, rl.py and distill.py stop between
+steps, checkpointed and unfinished (no done.json; exit EXIT_DEADLINE), before a caller's time limit would kill them
+and lose every step since the last --save-every checkpoint.
 Under several processes (dist.py) only rank 0 writes; the checkpoint does not depend on the process count.
 """
 import base64
@@ -91,6 +94,45 @@ def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, schedul
         for old in sorted(ckpt_dir.glob("step_*"))[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# -----------------------------------------------------------------------------
+# A wall-clock deadline: stop between steps, checkpointed, rather than be killed mid-interval
+
+DEADLINE_ENV = "CHORUS_DEADLINE"
+EXIT_DEADLINE = 75              # sysexits' EX_TEMPFAIL: stopped unfinished on purpose; --resume continues
+
+
+class Deadline:
+    """$CHORUS_DEADLINE (unix seconds; unset or empty: no deadline). A training loop makes one just before its
+    first step, calls tick() after each step, and stops (checkpointed) when near() says the next step, as long
+    as the longest of the last three plus `margin` seconds (the checkpoint and the exit), would end after it.
+    Before the first step has been timed only the margin counts. A value that is not a number is a ValueError."""
+
+    def __init__(self, value=None, margin=5.0, clock=time.time):
+        value = os.environ.get(DEADLINE_ENV, "") if value is None else value
+        try:
+            self.at = float(value) if str(value).strip() else None
+        except ValueError:
+            raise ValueError(f"${DEADLINE_ENV}={value!r}: not a number of unix seconds") from None
+        self.margin, self.clock, self.durations, self.t = margin, clock, [], clock()
+
+    def tick(self):
+        now = self.clock()
+        self.durations.append(now - self.t)
+        self.t = now
+
+    def near(self, extra=0.0):
+        """True on every rank when any rank is near the deadline (ranks stop at the same step); `extra`: seconds
+        the next step is known to take beyond a plain one (a validation due after it)."""
+        if self.at is None:
+            return False
+        near = self.clock() + max(self.durations[-3:], default=0.0) + extra + self.margin > self.at
+        return dist.all_sum(float(near)) > 0
+
+    def stop_message(self, step):
+        return (f"deadline (${DEADLINE_ENV}) near: stopped after step {step}, checkpointed; "
+                f"run again with --resume to continue")
 
 
 def latest_checkpoint(ckpt_dir):
@@ -273,11 +315,12 @@ def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
     return step, cursor, log, resumed_step
 
 
-def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys):
-    """Top of a training step: every --save-every steps and at the end, checkpoint the state after `step`
-    updates (not again right after resuming from it); every --plot-every steps and at the end, redraw."""
+def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys, force=False):
+    """Top of a training step: every --save-every steps, at the end and when `force`d (a deadline stop),
+    checkpoint the state after `step` updates (not again right after resuming from it); every --plot-every
+    steps and at the end, redraw."""
     last = step == args.steps
-    if step > 0 and (last or step % args.save_every == 0) and step != resumed_step:
+    if step > 0 and (last or force or step % args.save_every == 0) and step != resumed_step:
         save_checkpoint(ckpt_dir, step, model, optimizer, meta, args.keep_last)
     if meta["log"] and args.plot_every > 0 and (last or step % args.plot_every == 0):
         plot_log(meta["log"], png, keys=keys)

@@ -428,7 +428,10 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     if progress and dist.is_main():
         bar = tqdm(total=total_steps, initial=step, desc=f"sft {out_dir.name}", dynamic_ncols=True)
 
+    val_seconds = [0.0]       # the last validation's duration ($CHORUS_DEADLINE: the step it follows takes that longer)
+
     def run_validation(s):    # before the step-s checkpoint: a resume from it keeps this row, never repeats it
+        t_val = time.time()
         rec = validate_step(model, tok, s, val_encoded=val_encoded, val_lengths=val_lengths, val_tasks=val_tasks,
                             val_options=val_options, pad_id=pad_id, device=device, use_bf16=use_bf16,
                             batch_size=batch_size, tokens_per_micro=tokens_per_micro, seed=seed)
@@ -438,12 +441,21 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         rundir.append_log(log_path, rec)
         shown = ", ".join(f"{k} {v:.4g}" for k, v in rec.items() if k in ("val/loss", "val/syn_pass", "val/reward"))
         (bar.write if bar else print)(f"sft: validation at step {s}: {shown}")
+        val_seconds[0] = time.time() - t_val
 
     if step == 0 and val_due(0) and stop_after_steps != 0:
         run_validation(0)
     last_epoch_batches, losses = (None, None), []
+    start_step, deadline, deadline_hit = step, rundir.Deadline(), False   # $CHORUS_DEADLINE: stop between steps
     while step < total_steps:
         if stop_after_steps is not None and step >= stop_after_steps:
+            break
+        if deadline.near(extra=val_seconds[0] if val_due(step + 1) else 0.0):
+            if step > start_step and step % save_every:      # (a multiple of save_every was saved after its step)
+                rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
+                                       keep_last=1, scheduler=scheduler)
+            (bar.write if bar else print)("sft: " + deadline.stop_message(step))
+            deadline_hit = True
             break
         epoch, in_epoch = divmod(step, steps_per_epoch)
         if last_epoch_batches[0] != epoch:
@@ -485,6 +497,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if step % save_every == 0 or step == total_steps or step == stop_after_steps:
             rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
                                    keep_last=1, scheduler=scheduler)
+        deadline.tick()
     if bar:
         bar.close()
     dist.barrier()                            # rank 0's log is complete before any rank reads it
@@ -495,7 +508,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     val_table = [r for r in log if r.get("val")]
     tail = recs[-max(1, len(recs) // 10):] if recs else []
     finished = step >= total_steps
-    outcome = {"finished": finished, "steps_done": step,
+    outcome = {"finished": finished, "steps_done": step, "deadline_stop": deadline_hit,
                "first_loss": recs[0]["loss"] if recs else None,
                "final_loss": sum(r["loss"] for r in tail) / len(tail) if tail else None,
                "last_step_loss": recs[-1]["loss"] if recs else None,
@@ -606,6 +619,8 @@ def main(argv=None):
                        save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra,
                        max_tokens_per_micro=args.max_tokens_per_micro, val_rows=val_rows, val_tasks=val_tasks,
                        val_every=args.val_every, val_options=val_options)
+    if result["outcome"]["deadline_stop"]:
+        return rundir.EXIT_DEADLINE
     return 0 if result["outcome"]["finished"] or args.max_steps else 1
 
 

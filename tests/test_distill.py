@@ -17,7 +17,7 @@ import onpolicy
 import rl
 import rundir
 from distill import gate, group_mode, group_stat, topk_reverse_kl, vopd_advantages
-from helpers import EXPERTS_SEED
+from helpers import EXPERTS_SEED, deadline_after
 from onpolicy import Group, Sample, Score
 
 
@@ -411,6 +411,27 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path
     la, lb = ([json.loads(l) for l in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in "ab")
     keys = ("reward", "gate_pass_rate", "opd/log_ratio", "opd/b", "loss", "grad_norm", "cursor")
     assert len(lb) == 2 and [[r.get(k) for k in keys] for r in la] == [[r.get(k) for k in keys] for r in lb]
+
+
+def test_a_deadline_stops_between_steps_checkpointed(experts, tmp_path, monkeypatch):
+    """A deadline after step 1 of 2 (--save-every 10): exit 75 with a checkpoint at step 1 and no done.json;
+    --resume finishes with the uninterrupted run's weights."""
+    paths, _, tok = experts
+    tasks, _, table = _gate_table()
+    source, teacher_source = _scripted_sources(tok, table)
+    extra = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", "10",
+             "--on-fail", "rl", "--plot-every", "0"]
+    distill.run(_args(paths, tmp_path / "a", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+    monkeypatch.setattr(rundir, "Deadline", deadline_after(1))
+    code = distill.run(_args(paths, tmp_path / "b", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
+    assert code == rundir.EXIT_DEADLINE
+    assert rundir.latest_checkpoint(tmp_path / "b" / "ckpt").name == "step_000001"
+    assert not (tmp_path / "b" / "done.json").exists()
+    monkeypatch.undo()
+    distill.run(_args(paths, tmp_path / "b", *extra, "--resume"), source=source, teacher_source=teacher_source,
+                tasks=tasks)
+    wa, wb = (_trainable(tmp_path / r / "ckpt" / "step_000002") for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_cursor_start_continues_after_the_prompts_rl_used(experts, tmp_path):

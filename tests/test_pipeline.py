@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import chorus_mini as cm
+import rundir
 from helpers import EXECUTED, run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,15 @@ def test_execute_tees_output_and_reports_failure(tmp_path):
         cm.run_stage(ctx, "data", [cm.Cmd(["python", "data/designs.py", "--n", "1"])])
     assert "stage data failed (exit 2)" in str(e.value) and "python data/designs.py --n 1" in str(e.value)
     assert not (tmp_path / "data" / "done.json").exists()
+
+
+def test_a_deadline_stop_ends_the_run_unfinished_with_its_exit_code(tmp_path, capsys):
+    ctx = type("Ctx", (), {"out": tmp_path, "only": set()})()
+    with pytest.raises(SystemExit) as e:        # a stage script that stopped at $CHORUS_DEADLINE exits 75
+        cm.run_stage(ctx, "rl0", [cm.Cmd(["python", "-c", f"raise SystemExit({rundir.EXIT_DEADLINE})"])], needs=[])
+    assert e.value.code == rundir.EXIT_DEADLINE == 75
+    assert "stage rl0 stopped at the deadline ($CHORUS_DEADLINE), checkpointed" in capsys.readouterr().err
+    assert not (tmp_path / "rl0" / "done.json").exists()
 
 
 def test_only_needs_upstream_stages(tmp_path):

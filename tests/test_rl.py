@@ -22,6 +22,7 @@ import sim
 import rundir
 from onpolicy import Group, Sample, Score, per_token_logps
 from rl import compute_advantages, dapo_loss
+from helpers import deadline_after
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -569,6 +570,52 @@ def test_rl_resumes_from_a_handoff_and_records_it(tmp_path):
     assert [r["cursor"] for r in la] == [r["cursor"] for r in lb]          # the data order carries on
     assert la[0] == lb[0]                                                  # the step before the handoff is kept
     assert (b / "done.json").exists() and not (tmp_path / "a" / "handoffs.jsonl").exists()
+
+
+def test_deadline_known_answers(monkeypatch):
+    now = [0.0]
+    d = rundir.Deadline("100", margin=5, clock=lambda: now[0])
+    assert not d.near()                                   # 0 + 0 + 5 <= 100: nothing timed yet, only the margin
+    for t in (10, 40, 60):                                # steps of 10, 30 and 20 s
+        now[0] = t
+        d.tick()
+    assert d.durations == [10, 30, 20]
+    now[0] = 65
+    assert not d.near() and d.near(extra=1)               # 65 + 30 + 5 = 100 is in time; one second more is not
+    now[0] = 66
+    assert d.near()
+    for t in (70, 74, 78):                                # three short steps: the 30 s one leaves the window
+        now[0] = t
+        d.tick()
+    assert not d.near()                                   # 78 + 4 + 5 <= 100
+    monkeypatch.delenv(rundir.DEADLINE_ENV, raising=False)
+    assert rundir.Deadline().at is None and not rundir.Deadline().near()
+    monkeypatch.setenv(rundir.DEADLINE_ENV, "1700000000.5")
+    assert rundir.Deadline().at == 1700000000.5 and rundir.Deadline().near()      # long past
+    monkeypatch.setenv(rundir.DEADLINE_ENV, "soon")
+    with pytest.raises(ValueError, match=r"\$CHORUS_DEADLINE='soon': not a number"):
+        rundir.Deadline()
+
+
+def test_a_deadline_stops_between_steps_checkpointed_and_resume_finishes_the_same(tmp_path, monkeypatch):
+    """A deadline after step 2 of 3 with --save-every 10: a checkpoint at step 2 all the same, no done.json,
+    exit 75; --resume then ends with the weights and log of an uninterrupted run."""
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    base = RL_BASE + ["--steps", "3", "--save-every", "10"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
+    monkeypatch.setattr(rundir, "Deadline", deadline_after(2))
+    b = tmp_path / "b"
+    assert rl.run(rl.parse_args(base + ["--out", str(b)]), score_fn=_hash_score, tasks=tasks) == 75
+    assert rundir.latest_checkpoint(b / "ckpt").name == "step_000002" and (b / "ckpt/step_000002/optimizer.pt").exists()
+    assert not any((b / f).exists() for f in ("done.json", "result.json", "adapter"))
+    assert [r["step"] for r in _log(b)] == [1, 2]
+    monkeypatch.undo()
+    rl.run(rl.parse_args(base + ["--out", str(b), "--resume"]), score_fn=_hash_score, tasks=tasks)
+    wa, wb = (torch.load(tmp_path / r / "ckpt/step_000003/optimizer.pt", weights_only=False)["trainable"] for r in "ab")
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    keys = ("step", "reward", "cursor", "completions/mean_length")
+    assert [[r.get(k) for k in keys] for r in _log(tmp_path / "a")] == [[r.get(k) for k in keys] for r in _log(b)]
+    assert (b / "done.json").exists()
 
 
 def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):

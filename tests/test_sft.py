@@ -10,6 +10,7 @@ import torch
 import common
 import rundir
 import sft
+from helpers import deadline_after
 
 
 def chat(i, turns=1):
@@ -182,6 +183,28 @@ def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
     assert losses("split") == pytest.approx(losses("whole"), abs=1e-5)
     a = {k: v for k, v in whole["model"].named_parameters() if v.requires_grad}
     b = {k: v for k, v in rest["model"].named_parameters() if v.requires_grad}
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_a_deadline_stops_between_steps_checkpointed_and_resume_repeats_the_run(rows, tmp_path, monkeypatch):
+    """A deadline after step 3 (of 4; --save-every 100): checkpointed at step 3 all the same, outcome
+    deadline_stop, no done.json; resuming gives the uninterrupted run's losses and weights."""
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, progress=False, save_every=100)
+    model, tok = fresh()
+    whole = sft.train_sft(model, tok, rows, tmp_path / "whole", **kw)
+    monkeypatch.setattr(rundir, "Deadline", deadline_after(3))
+    model, tok = fresh()
+    part = sft.train_sft(model, tok, rows, tmp_path / "split", **kw)
+    assert part["outcome"]["deadline_stop"] and part["outcome"]["steps_done"] == 3 and not part["outcome"]["finished"]
+    assert rundir.latest_checkpoint(tmp_path / "split" / "ckpt").name == "step_000003"
+    assert not (tmp_path / "split" / "done.json").exists()
+    monkeypatch.undo()
+    model, tok = fresh()
+    rest = sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **kw)
+    assert rest["outcome"]["finished"] and not rest["outcome"]["deadline_stop"]
+    losses = lambda d: [json.loads(l)["loss"] for l in (tmp_path / d / "log.jsonl").read_text().splitlines()]
+    assert len(losses("split")) == 4 and losses("split") == pytest.approx(losses("whole"), abs=1e-5)
+    a, b = ({k: v for k, v in r["model"].named_parameters() if v.requires_grad} for r in (whole, rest))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 

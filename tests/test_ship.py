@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -181,9 +182,12 @@ def test_lean_tree_hides_large_committed_results_and_restores_only_what_is_missi
     _sh(repo, env, "bench/gpu/lean_tree.sh", "hide")
     assert not big.exists() and (repo / "results" / "small.json").exists()
     assert int(_sh(repo, env, "bench/gpu/lean_tree.sh", "size")) == full - 2_700_000
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")                              # every file under results/
+    assert not (repo / "results" / "small.json").exists()
     (repo / "results" / "other.bin").write_text("a newer file at the same path")     # e.g. unship.sh's
     _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
     assert big.read_text() == "b" * 1_500_000 and (repo / "results" / "other.bin").read_text().startswith("a newer")
+    assert (repo / "results" / "small.json").read_text() == "{}"
     assert not (repo / ".stage" / "hidden.txt").exists()
 
 
@@ -238,6 +242,14 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     assert "drift accepted" in out
     drift = (repo / "results/small2/state/data_drift.txt").read_text()
     assert drift.count("data/stage0.jsonl") == 3 and "< " in drift and "> " in drift and "data/stage0.jsonl 1;" in drift
+    git("add", "-A")
+    git("commit", "-qm", "sums")
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")          # all of results/, the committed sums too
+    assert not (repo / "results/small2/state/data.sha256").exists()
+    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=env, capture_output=True, text=True)
+    assert p.returncode == 1 and "differs" in p.stdout               # compared with HEAD's sums, not new ones
+    assert (repo / "results/small2/state/data.sha256").read_text() == reference
     assert (repo / "results/small2/state/data.sha256").read_text() == reference      # the run's reference is kept
 
 
@@ -272,7 +284,7 @@ if [ "$1" = chorus_mini.py ]; then
     echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
     echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
     echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
-    case $1 in data*) ;; *) echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\"}" > $d/log.jsonl ;; esac
+    case $1 in data*) ;; *) echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\", \\"deadline\\": \\"$CHORUS_DEADLINE\\"}" > $d/log.jsonl ;; esac
     echo "$1 ran"; shift
   done
   exit 0
@@ -320,7 +332,8 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
     out = tmp_path / "out"
     out.mkdir()
     env["OUT"] = str(out)
-    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "20"}, "bench/gpu/small2_run.sh")
+    t0 = time.time()
+    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "40"}, "bench/gpu/small2_run.sh")
     assert "== rc 0" in log and "rl2 ran" in log and "ship: parts from 0" in log
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]
     with tarfile.open(out / "logs.tgz") as t:
@@ -328,6 +341,8 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
     assert set(logs) == {"stage.log", "stage_rl0.log", "stage_rl1+rl2.log", "rl0_log.jsonl", "rl1_log.jsonl",
                          "rl2_log.jsonl"}
     assert [json.loads(logs[f"rl{k}_log.jsonl"])["cap"] for k in range(3)] == ["65"] * 3
+    deadlines = {int(json.loads(logs[f"rl{k}_log.jsonl"])["deadline"]) for k in range(3)}    # T - SLACK (25 s)
+    assert len(deadlines) == 1 and int(t0) + 15 - 1 <= deadlines.pop() <= time.time() + 15
     assert "rl1 ran\nrl2 ran" in logs["stage_rl1+rl2.log"]
     with tarfile.open(out / "ship.tgz.part00") as t:
         assert sorted(t.getnames()) == sorted(f"s2st/{s}/{f}" for s in ("rl0", "rl1", "rl2") for f in (

@@ -4,19 +4,26 @@
 # Every stage resumes from what its run folder holds, so a part cut short is simply called again.
 #
 # On the CPU box first (a new session's checkout has none of the ignored files):
-#   bash bench/gpu/lean_tree.sh hide          committed files over 1 MB (the run's state, older adapters) leave the
-#                                             working tree, which every call sends; `restore` after the last call
+#   bash bench/gpu/lean_tree.sh hide 0        committed files under results/ (the run's state, older adapters,
+#                                             plots) leave the working tree, which every call sends, so the bundle
+#                                             is two parts; `restore` after the last call
 #   bash bench/gpu/pack_stage.sh run          .stage/r1..rN: wheels, .debs, the GGUF, the data stage (runs/s2st/data,
 #                                             built on the CPU box) and the run's state (results/small2/state/s2st)
 #                                             as one bundle, each part as large as a call can carry beside the tree
-# Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives):
+# Staging, each call within 30 s of the previous one (the machine stays warm; ~/stage survives; in session 14 a
+# second call came too late once and found a new machine):
 #   PART=stash   bash bench/gpu/small2_run.sh   carry .stage/rK   once per part, K = 1..N
 #   PART=restore bash bench/gpu/small2_run.sh   joins the parts, checks bundle.sha256, unpacks into ~/stage, installs
 #                                               (may share a call with the last stash: PART=restore after PART=stash)
+#   With two parts every call can be the same, carrying r1 and r2 in turn, until one restores (a cold machine
+#   only costs its start): PART=stash ...; set -o pipefail; PART=restore ... | tail -8 && PART=stage ...
 # Work:
-#   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s
+#   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s; the
+#                                                   training stages stop themselves, checkpointed, SLACK=25 s before
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
-#   PART=stage STAGES="rl0 rl1 data2+sft2" PARALLEL=1 ...           a+b: one process that runs a, then b
+#   PART=stage STAGES="data2+sft2" ...                             a+b: one process that runs a, then b. data2 runs
+#                                                   alone: it does not resume, and beside rl0 and rl1 (session 14) it
+#                                                   had not finished after 1,030 s in two calls (alone: 373 s)
 #     A stage call returns its logs as logs.tgz and then ships (below) what this session ran so far, so nothing is
 #     lost if the machine goes cold before the next call (SHIP=0: no ship). Leave ~30 s of the call for it.
 #   PART=ship    bash bench/gpu/small2_run.sh      the stages that ran in this session (bench/gpu/ship_list.py: the
@@ -59,11 +66,15 @@ source bench/offline_setup.sh $S
 if [ "${PART:-}" = stage ]; then
   # One process group, so a cut leaves nothing running; the stage resumes in the next call.
   # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
-  # model leaves an H200 mostly idle; a word a+b runs a then b in its process, e.g. data2+sft2 beside rl0 and rl1,
-  # which need neither), the simulator workers split between them, and each process capped at CAP_GIB (default
+  # model leaves an H200 mostly idle, though the processes share its time: in session 14 two RL experts side by
+  # side took a median 20.8 and 16.7 s a step against 13.1 s alone, 1.4x the throughput; a word a+b runs a then b
+  # in its process), the simulator workers split between them, and each process capped at CAP_GIB (default
   # 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
+  # sft.py, rl.py and distill.py stop between steps, checkpointed, SLACK s before the cut ($CHORUS_DEADLINE, exit 75):
+  # a kill at T would lose every step since the last --save-every checkpoint (session 14 lost 27 of 87 RL steps so)
+  export CHORUS_DEADLINE=$(( $(date +%s) + ${T:-560} - ${SLACK:-25} ))
   if [ "${PARALLEL:-0}" = 1 ]; then
     n=$(echo $STAGES | wc -w); w=$(( 14 / n > 2 ? 14 / n : 2 ))
     export CHORUS_GPU_CAP_GIB=${CAP_GIB:-$(( 130 / n ))}
