@@ -330,14 +330,20 @@ def model_states_fn(model, tok, *, n=2, max_new_tokens=2048, temperature=0.7, to
                     adapter_name=None, batch_size=64, answer_mode="testbench"):
     """The states_fn of build_stage2 for a model: its direct rollouts (n per task, common.generate on
     harness.first_messages in `answer_mode`, with the adapter active on the model or `adapter_name`).
-    Returns states_fn(tasks) -> [(task, answer_text)], n pairs per task in task order."""
+    Returns states_fn(tasks) -> [(task, answer_text)], n pairs per task in task order. The rollouts run one
+    generation batch (batch_size // n tasks) per call, behind a progress bar."""
     policy = teacher_mod.HFTeacher(model, tok, max_new_tokens=max_new_tokens, temperature=temperature,
                                    top_p=top_p, seed=seed, adapter_name=adapter_name, batch_size=batch_size,
                                    mode=answer_mode)
 
     def states_fn(tasks):
-        answers = policy.direct(tasks, n)
-        return [(t, a) for t, ans in zip(tasks, answers) for a in ans]
+        per, pairs = max(1, batch_size // n), []
+        with tqdm(total=len(tasks), desc="stage-2 rollouts", unit="task", dynamic_ncols=True) as bar:
+            for i in range(0, len(tasks), per):
+                chunk = tasks[i:i + per]
+                pairs += [(t, a) for t, ans in zip(chunk, policy.direct(chunk, n)) for a in ans]
+                bar.update(len(chunk))
+        return pairs
 
     return states_fn
 

@@ -187,6 +187,8 @@ def test_stage2_from_tiny_model_rollouts():
     pairs = states_fn(tasks)
     assert [t["id"] for t, _ in pairs] == ["t0", "t0", "t1", "t1"] and all(isinstance(a, str) for _, a in pairs)
     assert pairs == build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0)(tasks)   # reproducible
+    one_each = build_sft.model_states_fn(model, tok, n=2, max_new_tokens=4, seed=0, batch_size=2)(tasks)
+    assert [t["id"] for t, _ in one_each] == ["t0", "t0", "t1", "t1"]      # one task per generation call, in order
     stage1 = [{"task_id": "old", "kind": "direct"}]
     teacher = teacher_mod.TemplateTeacher("strong")
     rows, st = build_sft.build_stage2(tasks, teacher, stage1, lambda ts: pairs, score_fn=_template_score, rounds=1)
