@@ -380,13 +380,19 @@ def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch)
     assert json.loads((out / "done.json").read_text())["script"] == "distill.py"
 
 
-def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path):
-    """Scripted rollouts (so the test is fast) with OPD and RL-fallback updates in both steps."""
+def _two_scripted_steps(experts, save_every):
+    """A two-step run's pieces on the gate table: (paths, tasks, source, teacher_source, distill.py flags)."""
     paths, _, tok = experts
     tasks, _, table = _gate_table()
     source, teacher_source = _scripted_sources(tok, table)
-    extra = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", "1",
+    extra = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", str(save_every),
              "--on-fail", "rl", "--plot-every", "0"]
+    return paths, tasks, source, teacher_source, extra
+
+
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path):
+    """Scripted rollouts (so the test is fast) with OPD and RL-fallback updates in both steps."""
+    paths, tasks, source, teacher_source, extra = _two_scripted_steps(experts, save_every=1)
     distill.run(_args(paths, tmp_path / "a", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
 
     class Killed(Exception):
@@ -416,11 +422,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(experts, tmp_path
 def test_a_deadline_stops_between_steps_checkpointed(experts, tmp_path, monkeypatch):
     """A deadline after step 1 of 2 (--save-every 10): exit 75 with a checkpoint at step 1 and no done.json;
     --resume finishes with the uninterrupted run's weights."""
-    paths, _, tok = experts
-    tasks, _, table = _gate_table()
-    source, teacher_source = _scripted_sources(tok, table)
-    extra = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--save-every", "10",
-             "--on-fail", "rl", "--plot-every", "0"]
+    paths, tasks, source, teacher_source, extra = _two_scripted_steps(experts, save_every=10)
     distill.run(_args(paths, tmp_path / "a", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
     monkeypatch.setattr(rundir, "Deadline", deadline_after(1))
     code = distill.run(_args(paths, tmp_path / "b", *extra), source=source, teacher_source=teacher_source, tasks=tasks)
