@@ -328,6 +328,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     out, ckpt_dir, log_path, done = rundir.start_run(args)
     if done is not None:
         return done
+    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
     student, teachers = choose_experts(args.student, args.teachers, args.val_metrics)
     if args.lr is None:
         args.lr = inherited_lr(student)
@@ -367,14 +368,14 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     micro_memo = {}            # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
     stopped, deadline_hit = False, False
-    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed
+    deadline.start()
     try:
         while True:
             last_step = step == args.steps
             # validation (the student) before the checkpoint, so a checkpoint's log holds its step's val row
             stopped = onpolicy.validate_step(args, model, tok, val_tasks, log, log_path, out, step,
                                              release_fast=release_fast, write=bar.write) and not last_step
-            deadline_hit = not last_step and not stopped and deadline.near()
+            deadline_hit = not last_step and not stopped and onpolicy.deadline_near(deadline, args, log, step)
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                              {"user_config": user_config, "cursor": cursor, "log": log},
@@ -386,7 +387,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             if deadline_hit:
-                bar.write(deadline.stop_message(step))
+                deadline.stop(out, step, bar.write)
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- rollouts and the gate

@@ -692,6 +692,15 @@ def add_runtime_args(p, save_every):
 PLATEAU_DELTA = 0.005          # a validation reward gain of at most this is no improvement (for the plateau)
 
 
+def deadline_near(deadline, args, log, step):
+    """rundir.Deadline.near() at the top of step `step`: the next step plus, when a validation is due after it
+    (validate_step's rule), as long as the last validation took (its val/s row)."""
+    nxt = step + 1
+    due = args.val_tasks is not None and (nxt % args.val_every == 0 or nxt == args.steps)
+    last = next((r.get("val/s") or 0.0 for r in reversed(log) if r.get("val")), 0.0)
+    return deadline.near(extra=last if due else 0.0)
+
+
 def load_val_tasks(args):
     """--val-tasks' tasks (None without the flag); a missing or empty file is a ValueError (one line)."""
     path = args.val_tasks

@@ -57,9 +57,10 @@ import dist
 import harness
 import rundir
 import sim
-from onpolicy import (add_rollout_args, add_runtime_args, build_policy, check_best, collect_groups, derive_seed,
-                      load_val_tasks, make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens,
-                      per_token_logps, release_fast_default, rollout_metrics, use_adapter, val_summary, validate_step)
+from onpolicy import (add_rollout_args, add_runtime_args, build_policy, check_best, collect_groups, deadline_near,
+                      derive_seed, load_val_tasks, make_model_source, make_optimizer, make_scorer, micro_batches,
+                      micro_tokens, per_token_logps, release_fast_default, rollout_metrics, use_adapter, val_summary,
+                      validate_step)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -352,6 +353,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     out, ckpt_dir, log_path, done = rundir.start_run(args)
     if done is not None:
         return done
+    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
     user_config = vars(args).copy()
     print("rl.py config: " + json.dumps(user_config))
     if tasks is None:
@@ -381,7 +383,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
     stopped, deadline_hit = False, False
-    deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed
+    deadline.start()
     try:
         while True:
             last_step = step == args.steps
@@ -389,7 +391,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             stopped = validate_step(args, model, tok, val_tasks, log, log_path, out, step,
                                     release_fast=release_fast_default(args.release_fast), write=bar.write) \
                 and not last_step
-            deadline_hit = not last_step and not stopped and deadline.near()
+            deadline_hit = not last_step and not stopped and deadline_near(deadline, args, log, step)
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
                                  {"user_config": user_config, "cursor": cursor, "log": log},
@@ -401,7 +403,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             if deadline_hit:
-                bar.write(deadline.stop_message(step))
+                deadline.stop(out, step, bar.write)
                 rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
                 break
             # ---------------------------------------------------------------- one RL step

@@ -101,21 +101,28 @@ def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, schedul
 
 DEADLINE_ENV = "CHORUS_DEADLINE"
 EXIT_DEADLINE = 75              # sysexits' EX_TEMPFAIL: stopped unfinished on purpose; --resume continues
+DEADLINE_MARKER = "deadline_stop.json"
 
 
 class Deadline:
-    """$CHORUS_DEADLINE (unix seconds; unset or empty: no deadline). A training loop makes one just before its
-    first step, calls tick() after each step, and stops (checkpointed) when near() says the next step, as long
-    as the longest of the last three plus `margin` seconds (the checkpoint and the exit), would end after it.
-    Before the first step has been timed only the margin counts. A value that is not a number is a ValueError."""
+    """$CHORUS_DEADLINE (unix seconds; unset or empty: no deadline), read when made (a script makes one before it
+    loads anything, so a bad value costs nothing: a ValueError, one line). The training loop calls start() just
+    before its first step and tick() after each, and stops (checkpointed) when near() says the next step, as long
+    as the longest of the last three plus `extra` and `margin` seconds (the checkpoint and the exit), would end
+    after it. Before the first step has been timed only extra and the margin count."""
 
     def __init__(self, value=None, margin=5.0, clock=time.time):
         value = os.environ.get(DEADLINE_ENV, "") if value is None else value
         try:
             self.at = float(value) if str(value).strip() else None
         except ValueError:
-            raise ValueError(f"${DEADLINE_ENV}={value!r}: not a number of unix seconds") from None
+            self.at = math.nan
+        if self.at is not None and not math.isfinite(self.at):
+            raise ValueError(f"${DEADLINE_ENV}={value!r}: not a (finite) number of unix seconds")
         self.margin, self.clock, self.durations, self.t = margin, clock, [], clock()
+
+    def start(self):
+        self.t = self.clock()
 
     def tick(self):
         now = self.clock()
@@ -130,9 +137,15 @@ class Deadline:
         near = self.clock() + max(self.durations[-3:], default=0.0) + extra + self.margin > self.at
         return dist.all_sum(float(near)) > 0
 
-    def stop_message(self, step):
-        return (f"deadline (${DEADLINE_ENV}) near: stopped after step {step}, checkpointed; "
-                f"run again with --resume to continue")
+    def stop(self, out, step, write=print):
+        """Say so and leave OUT/deadline_stop.json {step, at} (rank 0), by which chorus_mini.py knows a deadline
+        stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE."""
+        write(f"deadline (${DEADLINE_ENV}) near: stopped after step {step}, checkpointed; "
+              f"run again with --resume to continue")
+        if dist.is_main():
+            marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            (Path(out) / DEADLINE_MARKER).write_text(json.dumps(marker) + "\n")
+        return EXIT_DEADLINE
 
 
 def latest_checkpoint(ckpt_dir):

@@ -301,7 +301,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               lora_dropout=0.05, weight_decay=0.0, max_grad_norm=1.0, group_by_length=False,
               gradient_checkpointing=False, save_every=100, stop_after_steps=None, progress=True,
               extra_config=None, max_tokens_per_micro="auto", val_rows=None, val_tasks=None, val_every=None,
-              val_options=None):
+              val_options=None, deadline=None):
     """Train one SFT stage on `rows` (chat dicts); write adapter/, logs, result.json and done.json.
 
     `model` is a base model (an adapter is added, or --init-adapter loaded, as trainable) or an
@@ -318,9 +318,13 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     (task dicts for evaluate.validate, with val_options: n, max_new_tokens, sim_workers, target_mode,
     answer_mode, batch_size); val_every = optimizer steps between validations (None: each epoch's end).
     Neither given: no validation.
+
+    deadline: a rundir.Deadline (None: $CHORUS_DEADLINE's, read here): near it the run stops between steps,
+    checkpointed, with outcome deadline_stop; done.json is not written and `resume=True` continues it.
     """
     t0 = time.time()
     dist.init()
+    deadline = deadline or rundir.Deadline()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "grad_accum": grad_accum,
@@ -443,18 +447,24 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         (bar.write if bar else print)(f"sft: validation at step {s}: {shown}")
         val_seconds[0] = time.time() - t_val
 
-    if step == 0 and val_due(0) and stop_after_steps != 0:
+    def save(s):
+        rundir.save_checkpoint(ckpt_dir, s, model, optimizer, {"config": config, "rows_used": len(encoded)},
+                               keep_last=1, scheduler=scheduler)
+
+    # $CHORUS_DEADLINE: stop between steps, checkpointed; a stage started past it (the later stage of a chain)
+    # does not even validate step 0
+    deadline_hit = step < total_steps and stop_after_steps != 0 and deadline.near()
+    if step == 0 and val_due(0) and stop_after_steps != 0 and not deadline_hit:
         run_validation(0)
     last_epoch_batches, losses = (None, None), []
-    start_step, deadline, deadline_hit = step, rundir.Deadline(), False   # $CHORUS_DEADLINE: stop between steps
-    while step < total_steps:
+    start_step = step
+    deadline.start()
+    while step < total_steps and not deadline_hit:
         if stop_after_steps is not None and step >= stop_after_steps:
             break
         if deadline.near(extra=val_seconds[0] if val_due(step + 1) else 0.0):
             if step > start_step and step % save_every:      # (a multiple of save_every was saved after its step)
-                rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
-                                       keep_last=1, scheduler=scheduler)
-            (bar.write if bar else print)("sft: " + deadline.stop_message(step))
+                save(step)
             deadline_hit = True
             break
         epoch, in_epoch = divmod(step, steps_per_epoch)
@@ -495,9 +505,10 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         if val_due(step):
             run_validation(step)
         if step % save_every == 0 or step == total_steps or step == stop_after_steps:
-            rundir.save_checkpoint(ckpt_dir, step, model, optimizer, {"config": config, "rows_used": len(encoded)},
-                                   keep_last=1, scheduler=scheduler)
+            save(step)
         deadline.tick()
+    if deadline_hit:
+        deadline.stop(out_dir, step, lambda m: (bar.write if bar else print)("sft: " + m))
     if bar:
         bar.close()
     dist.barrier()                            # rank 0's log is complete before any rank reads it
@@ -586,6 +597,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     dist.init()               # several processes: before the model lands on this rank's GPU
+    deadline = rundir.Deadline()      # $CHORUS_DEADLINE, refused (one line) before anything loads
     rows = [r for path in args.data for r in load_rows(path)]
     if args.limit:
         rows = rows[:args.limit]
@@ -618,7 +630,7 @@ def main(argv=None):
                        group_by_length=args.group_by_length, gradient_checkpointing=args.gradient_checkpointing,
                        save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra,
                        max_tokens_per_micro=args.max_tokens_per_micro, val_rows=val_rows, val_tasks=val_tasks,
-                       val_every=args.val_every, val_options=val_options)
+                       val_every=args.val_every, val_options=val_options, deadline=deadline)
     if result["outcome"]["deadline_stop"]:
         return rundir.EXIT_DEADLINE
     return 0 if result["outcome"]["finished"] or args.max_steps else 1

@@ -167,6 +167,17 @@ def test_a_deadline_stop_ends_the_run_unfinished_with_its_exit_code(tmp_path, ca
     assert e.value.code == rundir.EXIT_DEADLINE == 75
     assert "stage rl0 stopped at the deadline ($CHORUS_DEADLINE), checkpointed" in capsys.readouterr().err
     assert not (tmp_path / "rl0" / "done.json").exists()
+    # under accelerate / torchrun the 75 arrives as 1: the marker the stopped script left tells (and is removed)
+    marker = tmp_path / "rl0" / rundir.DEADLINE_MARKER
+    leave = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('{{}}'); raise SystemExit(1)"
+    with pytest.raises(SystemExit) as e:
+        cm.run_stage(ctx, "rl0", [cm.Cmd(["python", "-c", leave])], needs=[])
+    assert e.value.code == 75 and not marker.exists()
+    marker.write_text("{}")                     # a stale marker (from an earlier stop) does not make a failure one
+    os.utime(marker, (1, 1))
+    with pytest.raises(SystemExit) as e:
+        cm.run_stage(ctx, "rl0", [cm.Cmd(["python", "-c", "raise SystemExit(1)"])], needs=[])
+    assert "stage rl0 failed (exit 1)" in str(e.value) and not marker.exists()
 
 
 def test_only_needs_upstream_stages(tmp_path):

@@ -592,9 +592,24 @@ def test_deadline_known_answers(monkeypatch):
     assert rundir.Deadline().at is None and not rundir.Deadline().near()
     monkeypatch.setenv(rundir.DEADLINE_ENV, "1700000000.5")
     assert rundir.Deadline().at == 1700000000.5 and rundir.Deadline().near()      # long past
-    monkeypatch.setenv(rundir.DEADLINE_ENV, "soon")
-    with pytest.raises(ValueError, match=r"\$CHORUS_DEADLINE='soon': not a number"):
-        rundir.Deadline()
+    for bad in ("soon", "inf", "nan"):
+        monkeypatch.setenv(rundir.DEADLINE_ENV, bad)
+        with pytest.raises(ValueError, match=rf"\$CHORUS_DEADLINE='{bad}': not a \(finite\) number"):
+            rundir.Deadline()
+
+
+def test_deadline_near_counts_the_validation_due_after_the_next_step():
+    seen = []
+    fake = SimpleNamespace(near=lambda extra=0.0: seen.append(extra) or False)
+    args = SimpleNamespace(val_tasks="v.jsonl", val_every=10, steps=25)
+    log = [{"step": 0, "val": 1, "val/s": 7.5}, {"step": 1}, {"step": 10, "val": 1, "val/s": 9.0}, {"step": 11}]
+    # next steps 12 (none due), 10 (due: the last validation took 9 s), 25 (the last step), 20
+    for step in (11, 9, 24, 19):
+        onpolicy.deadline_near(fake, args, log, step)
+    assert seen == [0.0, 9.0, 9.0, 9.0]
+    onpolicy.deadline_near(fake, SimpleNamespace(val_tasks=None, val_every=10, steps=25), log, 9)   # no validation
+    onpolicy.deadline_near(fake, args, [], 9)                                                         # none yet
+    assert seen[-2:] == [0.0, 0.0]
 
 
 def test_a_deadline_stops_between_steps_checkpointed_and_resume_finishes_the_same(tmp_path, monkeypatch):
@@ -609,6 +624,7 @@ def test_a_deadline_stops_between_steps_checkpointed_and_resume_finishes_the_sam
     assert rundir.latest_checkpoint(b / "ckpt").name == "step_000002" and (b / "ckpt/step_000002/optimizer.pt").exists()
     assert not any((b / f).exists() for f in ("done.json", "result.json", "adapter"))
     assert [r["step"] for r in _log(b)] == [1, 2]
+    assert json.loads((b / rundir.DEADLINE_MARKER).read_text())["step"] == 2
     monkeypatch.undo()
     rl.run(rl.parse_args(base + ["--out", str(b), "--resume"]), score_fn=_hash_score, tasks=tasks)
     wa, wb = (torch.load(tmp_path / r / "ckpt/step_000003/optimizer.pt", weights_only=False)["trainable"] for r in "ab")

@@ -3,6 +3,7 @@
 Run: python -m pytest -q tests/test_sft.py
 """
 import json
+import os
 
 import pytest
 import torch
@@ -206,6 +207,21 @@ def test_a_deadline_stops_between_steps_checkpointed_and_resume_repeats_the_run(
     assert len(losses("split")) == 4 and losses("split") == pytest.approx(losses("whole"), abs=1e-5)
     a, b = ({k: v for k, v in r["model"].named_parameters() if v.requires_grad} for r in (whole, rest))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_a_deadline_on_the_save_grid_or_right_after_a_resume_saves_nothing_twice(rows, tmp_path, monkeypatch):
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, progress=False, save_every=2)
+    monkeypatch.setattr(rundir, "Deadline", deadline_after(2))
+    part = sft.train_sft(*fresh(), rows, tmp_path / "s", **kw)          # step 2 was saved after it ran
+    ckpt = tmp_path / "s" / "ckpt" / "step_000002"
+    assert part["outcome"]["deadline_stop"] and part["outcome"]["steps_done"] == 2 and ckpt.is_dir()
+    os.utime(ckpt / "meta.json", (1, 1))
+    monkeypatch.setattr(rundir, "Deadline", deadline_after(0))          # past the deadline at once after resuming
+    again = sft.train_sft(*fresh(), rows, tmp_path / "s", resume=True, **kw)
+    assert again["outcome"]["deadline_stop"] and again["outcome"]["steps_done"] == 2
+    assert (ckpt / "meta.json").stat().st_mtime == 1 and rundir.latest_checkpoint(ckpt.parent) == ckpt   # not redone
+    assert [json.loads(l)["step"] for l in (tmp_path / "s" / "log.jsonl").read_text().splitlines()] == [1, 2]
+    assert not (tmp_path / "s" / "done.json").exists()
 
 
 def test_schedule_warmup_then_cosine_to_zero():

@@ -242,15 +242,17 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     assert "drift accepted" in out
     drift = (repo / "results/small2/state/data_drift.txt").read_text()
     assert drift.count("data/stage0.jsonl") == 3 and "< " in drift and "> " in drift and "data/stage0.jsonl 1;" in drift
-    git("add", "-A")
+    git("add", "results/small2/state/data.sha256", "results/small2/state/data_drift.txt")   # (the adapter is hidden)
     git("commit", "-qm", "sums")
     _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
     _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")          # all of results/, the committed sums too
     assert not (repo / "results/small2/state/data.sha256").exists()
     p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=env, capture_output=True, text=True)
     assert p.returncode == 1 and "differs" in p.stdout               # compared with HEAD's sums, not new ones
-    assert (repo / "results/small2/state/data.sha256").read_text() == reference
     assert (repo / "results/small2/state/data.sha256").read_text() == reference      # the run's reference is kept
+    _sh(repo, dict(env, DATA_DRIFT_OK="1"), "bench/gpu/pack_stage.sh", "run")      # the hidden record grows
+    assert (repo / "results/small2/state/data_drift.txt").read_text().startswith(drift)
+    assert (repo / "results/small2/state/data_drift.txt").read_text().count("data/stage0.jsonl") == 6
 
 
 def test_unship_leaves_a_data_stage_out(tmp_path):
@@ -284,7 +286,8 @@ if [ "$1" = chorus_mini.py ]; then
     echo '{"step": 10}' > $d/ckpt/step_000010/meta.json
     echo '{}' > $d/ckpt/step_000010/adapter/adapter_config.json
     echo weights > $d/ckpt/step_000010/adapter/adapter_model.safetensors
-    case $1 in data*) ;; *) echo "{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\", \\"deadline\\": \\"$CHORUS_DEADLINE\\"}" > $d/log.jsonl ;; esac
+    row="{\\"step\\": 10, \\"cap\\": \\"$CHORUS_GPU_CAP_GIB\\", \\"deadline\\": \\"$CHORUS_DEADLINE\\"}"
+    case $1 in data*) ;; *) echo "$row" > $d/log.jsonl ;; esac
     echo "$1 ran"; shift
   done
   exit 0
@@ -333,7 +336,8 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
     out.mkdir()
     env["OUT"] = str(out)
     t0 = time.time()
-    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "40"}, "bench/gpu/small2_run.sh")
+    log = _sh(repo, {**env, "PART": "stage", "STAGES": "rl0 rl1+rl2", "PARALLEL": "1", "T": "40"},
+              "bench/gpu/small2_run.sh")
     assert "== rc 0" in log and "rl2 ran" in log and "ship: parts from 0" in log
     assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "ship.sha256", "ship.tgz.part00"]
     with tarfile.open(out / "logs.tgz") as t:

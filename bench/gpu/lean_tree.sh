@@ -3,9 +3,10 @@
 # (results/small2/state, ~10 MB per adapter) and other large committed results would crowd out the GGUF and
 # the wheels, so during a device session they leave the working tree and travel inside the run bundle instead
 # (pack_stage.sh run). They are committed: `restore` takes them back from HEAD.
-#   bash bench/gpu/lean_tree.sh hide [MIN] # tracked files over MIN bytes (default 1 MB) under results/ leave the tree
-#                                         (listed in .stage/hidden.txt); `hide 0`: all of results/, so the bundle
-#                                         (pack_stage.sh run) fits in two parts: fewer calls that must find the machine warm
+#   bash bench/gpu/lean_tree.sh hide [MIN] # tracked files over MIN bytes (default 1 MB) under results/ leave the
+#                                         tree (listed in .stage/hidden.txt); `hide 0`: every non-empty one, so the
+#                                         bundle (pack_stage.sh run) fits two parts: fewer calls must find the
+#                                         machine warm
 #   bash bench/gpu/lean_tree.sh restore   # git checkout of that list
 #   bash bench/gpu/lean_tree.sh size      # bytes a device call would send now (tracked + untracked, not ignored)
 # hide refuses a file with uncommitted changes: nothing is lost.
@@ -17,9 +18,11 @@ size() { { git ls-files -co --exclude-standard -z | xargs -0 -r stat -c %s 2>/de
 case "${1:-}" in
   hide)
     mkdir -p .stage
-    { git ls-files -z results | xargs -0 -r stat -c '%s %n' 2>/dev/null || true; } | awk -v min="${2:-1000000}" '$1 > min {print $2}' > $LIST.new
+    min=${2:-1000000}
+    { git ls-files -z results | xargs -0 -r stat -c '%s %n' 2>/dev/null || true; } \
+      | awk -v min="$min" '$1 > min {print $2}' > $LIST.new
     if ! git diff --quiet HEAD -- $(cat $LIST.new); then
-      echo "lean_tree: uncommitted changes in files over 1 MB; commit them first"; rm $LIST.new; exit 1
+      echo "lean_tree: uncommitted changes in files over $min bytes; commit them first"; rm $LIST.new; exit 1
     fi
     cat $LIST.new >> $LIST 2>/dev/null; sort -u -o $LIST $LIST; rm $LIST.new
     xargs -r rm -f < $LIST

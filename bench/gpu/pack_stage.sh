@@ -39,9 +39,12 @@ if [ "${1:-}" = run ]; then
 --profile small --out runs/s2st --only data --set answer_mode=stimulus --set eval_tasks=runs/dev_tasks.jsonl)"; exit 1; }
   # the data stage is rebuilt each session: it must be the one the run's earlier stages trained on
   sums=$(cd runs/s2st && find data -name '*.jsonl' -type f | LC_ALL=C sort | xargs sha256sum)
-  # `lean_tree.sh hide 0` hides the committed sums too: take them back from HEAD, never write new ones over them
-  [ -f results/small2/state/data.sha256 ] || ! git cat-file -e HEAD:results/small2/state/data.sha256 2>/dev/null \
-    || git checkout HEAD -- results/small2/state/data.sha256
+  # `lean_tree.sh hide 0` hides the committed sums (and drift record) too: take them back from HEAD, so that new
+  # sums are never written over them and a drift is appended to the whole record
+  for f in data.sha256 data_drift.txt; do
+    [ -f results/small2/state/$f ] || ! git cat-file -e HEAD:results/small2/state/$f 2>/dev/null \
+      || git checkout HEAD -- results/small2/state/$f
+  done
   if [ -f results/small2/state/data.sha256 ]; then
     drift=$(diff results/small2/state/data.sha256 <(echo "$sums")) && rc=0 || rc=$?
     [ $rc -le 1 ] || { echo "pack_stage: cannot compare with results/small2/state/data.sha256 (diff exit $rc)"; exit 1; }

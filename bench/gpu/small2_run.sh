@@ -17,6 +17,7 @@
 #                                               (may share a call with the last stash: PART=restore after PART=stash)
 #   With two parts every call can be the same, carrying r1 and r2 in turn, until one restores (a cold machine
 #   only costs its start): PART=stash ...; set -o pipefail; PART=restore ... | tail -8 && PART=stage ...
+#   After that, PART=stage alone: a second restore would unpack the bundle over what the stages wrote.
 # Work:
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s; the
 #                                                   training stages stop themselves, checkpointed, SLACK=25 s before
@@ -67,7 +68,7 @@ if [ "${PART:-}" = stage ]; then
   # One process group, so a cut leaves nothing running; the stage resumes in the next call.
   # PARALLEL=1: each of STAGES in a process of its own, side by side on the GPU (the three RL experts: a 135M
   # model leaves an H200 mostly idle, though the processes share its time: in session 14 two RL experts side by
-  # side took a median 20.8 and 16.7 s a step against 13.1 s alone, 1.4x the throughput; a word a+b runs a then b
+  # side took a median 21.9 and 18.4 s a step against 13.1 s alone, 1.3x the throughput; a word a+b runs a then b
   # in its process), the simulator workers split between them, and each process capped at CAP_GIB (default
   # 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
