@@ -601,7 +601,8 @@ def data2_cmd(c, o, model):
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                       workers=c["sim_workers"], quant=c["quant"], answer_mode=c["answer_mode"], stage2_model=model,
                       stage2_adapter=rel(sft_adapter(c, o, "sft1")), stage2_n=c["stage2_n"],
-                      stage2_max_new_tokens=c["max_new_tokens"], stages01_from=rel(o / "data"))])
+                      stage2_max_new_tokens=c["max_new_tokens"], stage2_batch_size=c["gen_batch_size"],
+                      stages01_from=rel(o / "data"))])
 
 
 def launch(c, script):

@@ -521,6 +521,8 @@ def main(argv=None):
     s2.add_argument("--stage2-temperature", type=float, default=0.7)
     s2.add_argument("--stage2-top-p", type=float, default=0.8)
     s2.add_argument("--stage2-rounds", type=int, default=None, help="refinement rounds (default: --rounds)")
+    s2.add_argument("--stage2-batch-size", type=int, default=64, help="rollouts per generation call (a GPU takes "
+                    "more: chorus_mini.py passes its gen_batch_size)")
     s2.add_argument("--stages01-from", metavar="DIR", help="take stages 0-1 from this earlier build of the same "
                     "--tasks and settings (its stage0/1.jsonl and build_info.json) instead of rebuilding them")
     args = ap.parse_args(argv)
@@ -570,10 +572,11 @@ def main(argv=None):
         sm, st = _load_model_and_adapter(args.stage2_model, args.stage2_adapter, args.quant)
         states_fn = model_states_fn(sm, st, n=args.stage2_n, max_new_tokens=args.stage2_max_new_tokens,
                                     temperature=args.stage2_temperature, top_p=args.stage2_top_p, seed=args.seed,
-                                    answer_mode=args.answer_mode)
+                                    answer_mode=args.answer_mode, batch_size=args.stage2_batch_size)
         extra["stage2_policy"] = {"model": args.stage2_model, "adapter": args.stage2_adapter,
                                   "n": args.stage2_n, "max_new_tokens": args.stage2_max_new_tokens,
-                                  "temperature": args.stage2_temperature, "top_p": args.stage2_top_p}
+                                  "temperature": args.stage2_temperature, "top_p": args.stage2_top_p,
+                                  "batch_size": args.stage2_batch_size}
     extra["seconds_before_build"] = round(time.time() - t_start, 1)
     print(f"build_sft: {len(tasks)} tasks, teacher {type(teacher).__name__}, n={args.n}, rounds={args.rounds}, "
           f"fail_fraction={args.fail_fraction}, answer mode {args.answer_mode}, stage 2: {'yes' if states_fn else 'no'}, "

@@ -141,6 +141,7 @@ def test_sft_pick_best_hands_on_the_best_validated_adapter(tmp_path):
     assert value(cm.rl_cmd(best, o, "M", 1), "--adapter") == str(cm.rel(o / "sft1/adapter"))
     assert value(cm.data2_cmd(best, o, "M"), "--stage2-adapter") == str(cm.rel(o / "sft1/adapter"))
     assert value(cm.data2_cmd(best, o, "M"), "--stages01-from") == str(cm.rel(o / "data"))   # what sft1 trained on
+    assert value(cm.data2_cmd(best, o, "M"), "--stage2-batch-size") == str(best["gen_batch_size"])
     assert cm.model_adapters(o, best)["sft0"] == o / "sft0/val_ckpt/step_000004/adapter"
     assert value(cm.rl_cmd(last, o, "M", 0), "--adapter") == str(cm.rel(o / "sft0/adapter"))
     with pytest.raises(SystemExit, match="sft_pick"):
