@@ -443,12 +443,7 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
         rss.append(peak_rss)
         gpu.append(peak_gpu)
-        # $CHORUS_DEADLINE: checkpointed and stopped on purpose, later stages wait. Exit 75, or (under accelerate /
-        # torchrun, which turn it into 1) the marker the stopped script left
-        marker = folder / rundir.DEADLINE_MARKER
-        stopped = marker.is_file() and marker.stat().st_mtime >= t_cmd - 1
-        marker.unlink(missing_ok=True)
-        if code == rundir.EXIT_DEADLINE or (code != 0 and stopped):
+        if rundir.deadline_stopped(folder, code, t_cmd):   # checkpointed and stopped on purpose: later stages wait
             print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
                   f"the same command resumes it", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)

@@ -148,6 +148,15 @@ class Deadline:
         return EXIT_DEADLINE
 
 
+def deadline_stopped(out, code, since):
+    """Did a command that wrote OUT and exited `code` stop at the deadline? Exit 75, or a nonzero exit (accelerate and
+    torchrun turn 75 into 1) with OUT/deadline_stop.json written since `since` (unix s). The marker is removed."""
+    marker = Path(out) / DEADLINE_MARKER
+    fresh = marker.is_file() and marker.stat().st_mtime >= since - 1
+    marker.unlink(missing_ok=True)
+    return code == EXIT_DEADLINE or (code != 0 and fresh)
+
+
 def latest_checkpoint(ckpt_dir):
     """The newest complete checkpoint folder, or None. (Temp folders start with '.')."""
     found = sorted(p for p in Path(ckpt_dir).glob("step_*") if (p / "meta.json").exists())
