@@ -774,6 +774,7 @@ def cmd_run(args):
     for name in [*(args.only or []), *([args.from_stage] if args.from_stage else [])]:
         if name not in STAGES:
             raise SystemExit(f"chorus_mini.py: unknown stage {name!r} (stages: {' '.join(STAGES)})")
+    rundir.Deadline()       # a bad $CHORUS_DEADLINE: one line now, not when the first training stage starts
     print(f"chorus-mini run: profile {args.profile}, out {o}, commands run from {ROOT}")
     for k, v in c.items():
         print(f"  {k:22s} {v!r}" + ("   (--set)" if v != PROFILES[args.profile][k] else ""))

@@ -383,7 +383,6 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
     bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
     stopped, deadline_hit = False, False
-    deadline.start()
     try:
         while True:
             last_step = step == args.steps
@@ -391,6 +390,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             stopped = validate_step(args, model, tok, val_tasks, log, log_path, out, step,
                                     release_fast=release_fast_default(args.release_fast), write=bar.write) \
                 and not last_step
+            deadline.start()              # a step's time without its validation: deadline_near adds the one due next
             deadline_hit = not last_step and not stopped and deadline_near(deadline, args, log, step)
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
@@ -451,6 +451,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
         if pool is not None:
             pool.close()
     if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
+        dist.barrier()                    # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE
 
     last = next((r for r in reversed(log) if not r.get("val")), {})       # the last training row

@@ -140,8 +140,8 @@ class Deadline:
     def stop(self, out, step, write=print):
         """Say so and leave OUT/deadline_stop.json {step, at} (rank 0), by which chorus_mini.py knows a deadline
         stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE."""
-        write(f"deadline (${DEADLINE_ENV}) near: stopped after step {step}, checkpointed; "
-              f"run again with --resume to continue")
+        write(f"deadline (${DEADLINE_ENV}) near: stopped after step {step}" + (", checkpointed" if step else "")
+              + "; run again with --resume to continue")
         if dist.is_main():
             marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
             (Path(out) / DEADLINE_MARKER).write_text(json.dumps(marker) + "\n")

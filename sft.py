@@ -453,7 +453,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
 
     # $CHORUS_DEADLINE: stop between steps, checkpointed; a stage started past it (the later stage of a chain)
     # does not even validate step 0
-    deadline_hit = step < total_steps and stop_after_steps != 0 and deadline.near()
+    limit = total_steps if stop_after_steps is None else min(total_steps, stop_after_steps)
+    deadline_hit = step < limit and deadline.near()
     if step == 0 and val_due(0) and stop_after_steps != 0 and not deadline_hit:
         run_validation(0)
     last_epoch_batches, losses = (None, None), []
@@ -632,6 +633,7 @@ def main(argv=None):
                        max_tokens_per_micro=args.max_tokens_per_micro, val_rows=val_rows, val_tasks=val_tasks,
                        val_every=args.val_every, val_options=val_options, deadline=deadline)
     if result["outcome"]["deadline_stop"]:
+        dist.barrier()        # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE
     return 0 if result["outcome"]["finished"] or args.max_steps else 1
 

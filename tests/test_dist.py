@@ -28,7 +28,7 @@ import evaluate  # noqa: E402
 import rl  # noqa: E402
 import rundir  # noqa: E402
 import sft  # noqa: E402
-from helpers import EXPERTS_SEED  # noqa: E402
+from helpers import EXPERTS_SEED, deadline_after  # noqa: E402
 from onpolicy import Group, Sample, Score  # noqa: E402
 
 SEED = EXPERTS_SEED   # the `experts` fixture's base (conftest.py); also the runs' seed
@@ -122,7 +122,7 @@ def run_eval():
 
 
 def worker(out):
-    """What each of the 2 processes runs: one SFT step, two RL steps, one OPD step."""
+    """What each of the 2 processes runs: one SFT step, two RL steps, one OPD step, an eval, an RL deadline stop."""
     out = Path(out)
     os.environ["DIST_TEST_OUT"] = str(out)
     torch.set_num_threads(1)
@@ -134,6 +134,10 @@ def worker(out):
     if dist.is_main():
         (out / "eval.json").write_text(json.dumps({"samples": samples, "num_tasks": metrics["num_tasks"],
                                                    "timing": metrics["timing"]}))
+    real, rundir.Deadline = rundir.Deadline, deadline_after(1)          # RL stopped at a deadline after step 1
+    code = rl.run(rl_args(out / "rl_deadline", "--save-every", "10"), source=rollout_source, tasks=TASKS)
+    rundir.Deadline = real
+    (out / f"deadline_rank{dist.rank()}.json").write_text(json.dumps(code))
     print(f"rank {dist.rank()} of {dist.world()} done", file=sys.stderr)
     dist.shutdown()
 
@@ -283,6 +287,13 @@ def test_opd_step_on_two_processes_equals_one(two_procs, tmp_path, monkeypatch):
     student = {k: v for k, v in common.load_adapter(common.tiny_model(seed=SEED)[0], paths["student"],
                                                     trainable=True).named_parameters() if v.requires_grad}
     assert_same_weights(one / "ckpt/step_000001", two / "ckpt/step_000001", moved_from=student)
+
+
+def test_a_deadline_stop_on_two_processes_stops_both_at_one_step_checkpointed(two_procs):
+    assert [json.loads((two_procs / f"deadline_rank{r}.json").read_text()) for r in (0, 1)] == [75, 75]
+    d = two_procs / "rl_deadline"
+    assert rundir.latest_checkpoint(d / "ckpt").name == "step_000001" and not (d / "done.json").exists()
+    assert json.loads((d / rundir.DEADLINE_MARKER).read_text())["step"] == 1
 
 
 def test_eval_on_two_processes_gathers_every_task_in_order(two_procs):

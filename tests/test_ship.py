@@ -30,8 +30,8 @@ def _adapter(folder):
 
 
 def _run_folder(run):
-    """sft0 done (its pick: validated step 2), sft1 cut, rl0 cut after two checkpoints, merge done, val and data2
-    done (no adapter), the data stage. data and data2 are never shipped: their rows quote the corpus's RTL."""
+    """sft0 done (its pick: validated step 2), sft1 cut, rl0 cut after two checkpoints (and a deadline marker), merge
+    done, val and data2 done (no adapter), the data stage. data and data2 are never shipped: their rows quote the corpus's RTL."""
     _put(run / "data" / "stage0.jsonl")
     s = run / "sft0"
     _adapter(s / "adapter")
@@ -54,6 +54,7 @@ def _run_folder(run):
     _adapter(r / "best" / "adapter")
     _put(r / "best" / "val.json")
     _put(r / "log.jsonl")
+    _put(r / "deadline_stop.json")          # left by a deadline stop that a cut kept chorus_mini from removing
     m = run / "merge"
     _adapter(m / "tune" / "soup_lam1")
     for f in ("done.json", "merge_report.json", "tune_eval/metrics.json", "tune_eval/done.json"):

@@ -17,7 +17,7 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
 - other stages (val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
-Never: stdout logs, optimizer states, the data stages.
+Never: stdout logs, optimizer states, the data stages, a deadline-stop marker (rundir.DEADLINE_MARKER).
 """
 import argparse
 import json
@@ -35,7 +35,7 @@ def files_of(folder):
 def small_files(stage):
     parts = lambda p: set(p.relative_to(stage).parts)
     return [p for p in files_of(stage) if p.suffix in SMALL and not p.name.startswith("adapter_")
-            and not {"ckpt", "val_ckpt", "adapter"} & parts(p)]
+            and p.name != "deadline_stop.json" and not {"ckpt", "val_ckpt", "adapter"} & parts(p)]
 
 
 def stage_files(stage):
