@@ -378,7 +378,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
             deadline_hit = not last_step and not stopped and onpolicy.deadline_near(deadline, args, log, step)
             t_ckpt = time.perf_counter()
             rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
-                             {"user_config": user_config, "cursor": cursor, "log": log},
+                                 {"user_config": user_config, "cursor": cursor, "log": log},
                                  out / "curves.png", PLOT_KEYS, force=deadline_hit)
             if last_step:
                 break
