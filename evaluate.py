@@ -200,7 +200,10 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
     each, with eval's sampling settings and a seed fixed for the whole run (every validation sees the same
     noise, so a change is the model's). Returns a flat dict: `val/reward` (the RL reward 1 + coverage/100 of
     a testbench that ran, else 0, averaged over samples), `val/pass@1`, `val/cov@1`, `val/syn_pass` (percent,
-    averaged over tasks), `val/tasks`, `val/s`. The model is left in the mode it was in."""
+    averaged over tasks), `val/tasks`, `val/s`, and what tells two validations of the same weights apart:
+    `val/timeouts` and `val/starved_timeouts` (sim.starved_timeout: the busy machine's, not the answer's) and
+    `val/answers_sha` (sha256 of the answers in order, 16 hex digits: the same answers, or not). The model is left
+    in the mode it was in."""
     t0 = time.time()
     was = model.training
     model.eval()
@@ -213,10 +216,14 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
     finally:
         model.train(was)
     d = metrics["direct"]
-    rewards = [onpolicy.result_reward(s["rounds"][0]["result"]) for s in samples]
+    results = [s["rounds"][0]["result"] or {} for s in samples]
+    rewards = [onpolicy.result_reward(r) for r in results]
+    answers = "\x00".join(s["rounds"][0]["text"] for s in samples)
     return {"val/reward": float(np.mean(rewards)) if rewards else 0.0, "val/pass@1": d.get("pass@1", 0.0),
             "val/cov@1": d.get("cov@1", 0.0), "val/syn_pass": d.get("syn_pass", 0.0), "val/tasks": len(tasks),
-            "val/s": round(time.time() - t0, 2)}
+            "val/s": round(time.time() - t0, 2), "val/timeouts": sum(r.get("status") == sim.TIMEOUT for r in results),
+            "val/starved_timeouts": sum(sim.starved_timeout(r) for r in results),
+            "val/answers_sha": hashlib.sha256(answers.encode()).hexdigest()[:16]}
 
 
 def _pct(bools):

@@ -3,6 +3,7 @@ scripted policy, compare, generate, and the CLI with the tiny random model.
 
 Run: python -m pytest -q tests/test_evaluate.py
 """
+import hashlib
 import json
 import math
 import shutil
@@ -252,6 +253,11 @@ def test_validate_reports_the_rl_reward_and_leaves_the_mode(monkeypatch):
     assert model.training and built[0]["seed"] == 3
     assert out["val/reward"] == pytest.approx((1.9 + 0.0) / 2)
     assert (out["val/pass@1"], out["val/cov@1"], out["val/syn_pass"], out["val/tasks"]) == (50.0, 45.0, 50.0, 2)
+    assert out["val/timeouts"] == out["val/starved_timeouts"] == 0
+    both = "\x00".join(answer(CNT_90 if "cnt" in t["id"] else BROKEN) for t in TASKS)   # the answers, in task order
+    assert out["val/answers_sha"] == hashlib.sha256(both.encode()).hexdigest()[:16]
+    assert evaluate.validate(model, None, TASKS, n=1, seed=3, sim_workers=2, target_mode="cvdp")["val/answers_sha"] \
+        == out["val/answers_sha"]
 
 
 def test_generate_writes_the_best_testbench(tmp_path):
