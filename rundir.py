@@ -10,8 +10,8 @@
 
 Checkpoints are written to a temporary folder renamed last, so a folder named step_* is always complete.
 A checkpoint without optimizer.pt (a *handoff*: adapter/ + meta.json, ~10 MB instead of ~70 for the small profile,
-what crosses between device sessions) resumes rl.py / distill.py from the bf16 adapter with fresh Adam moments;
-the run's handoffs.jsonl records each such resume.
+what crosses between device sessions) resumes sft.py, rl.py or distill.py from the bf16 adapter with fresh Adam
+moments (sft.py's learning-rate schedule goes on from the step); the run's handoffs.jsonl records each such resume.
 A wall-clock deadline ($CHORUS_DEADLINE, unix seconds; class Deadline) makes sft.py, rl.py and distill.py stop between
 steps, checkpointed and unfinished (no done.json; exit EXIT_DEADLINE), before a caller's time limit would kill them
 and lose every step since the last --save-every checkpoint.
@@ -25,6 +25,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -170,15 +171,17 @@ def read_meta(path):
 def load_checkpoint(path, model, optimizer, scheduler=None):
     """Restore trainable weights, optimizer (and scheduler) state and RNG states; returns the meta dict.
     A checkpoint of other trainable parameters (another adapter or LoRA rank) is refused. A handoff (no
-    optimizer.pt) restores the bf16 adapter's weights and leaves the optimizer fresh: meta["optimizer_restored"]
-    is False."""
+    optimizer.pt) restores the bf16 adapter's weights and leaves the optimizer fresh (a scheduler is stepped to the
+    checkpoint's step): meta["optimizer_restored"] is False."""
     path = Path(path)
     if not (path / "optimizer.pt").exists():
-        if scheduler is not None:
-            raise ValueError(f"{path}: no optimizer.pt; a handoff checkpoint resumes rl.py / distill.py, not a "
-                             "scheduled run")
         load_handoff_adapter(path / "adapter", model)
         meta = read_meta(path)
+        if scheduler is not None:        # the learning-rate schedule goes on from the step; only the moments are new
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)    # "lr_scheduler.step() before optimizer.step()"
+                for _ in range(meta["step"]):
+                    scheduler.step()
         set_rng_state(meta["rng"])
         return dict(meta, optimizer_restored=False)
     state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
@@ -318,6 +321,16 @@ def start_run(args):
     return out, ckpt_dir, log_path, None
 
 
+def handoff_note(meta, ckpt, log_path):
+    """For a resume from a handoff (load_checkpoint's meta): its row in the run's handoffs.jsonl, and the words
+    that say so; "" for a full checkpoint."""
+    if meta["optimizer_restored"]:
+        return ""
+    append_log(Path(log_path).with_name("handoffs.jsonl"),
+               {"step": meta["step"], "checkpoint": Path(ckpt).name, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return "; a handoff: bf16 adapter, fresh optimizer moments"
+
+
 def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
     """(step, cursor, log, resumed_step) after --resume from the newest checkpoint (or a fresh start);
     log.jsonl is rewritten to the checkpoint's steps, dropping any logged after it."""
@@ -327,11 +340,7 @@ def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
         meta = load_checkpoint(ckpt, model, optimizer)
         step, cursor, log = meta["step"], meta["cursor"], meta["log"]
         resumed_step = step
-        how = "" if meta["optimizer_restored"] else "; a handoff: bf16 adapter, fresh optimizer moments"
-        print(f"resumed from {ckpt} (step {step}, data cursor {cursor}{how})")
-        if not meta["optimizer_restored"]:
-            append_log(Path(log_path).with_name("handoffs.jsonl"),
-                       {"step": step, "checkpoint": ckpt.name, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        print(f"resumed from {ckpt} (step {step}, data cursor {cursor}{handoff_note(meta, ckpt, log_path)})")
     if dist.is_main():
         Path(log_path).write_text("".join(json.dumps(r) + "\n" for r in log))
     return step, cursor, log, resumed_step

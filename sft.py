@@ -20,7 +20,8 @@ What one stage does, in order:
    tokens fit a 24 GB card); the split changes the memory, not the loss or the gradients.
 5. Write into --out: adapter/ (standard peft folder, bf16 tensors, via common.save_adapter),
    and rundir.py's run folder, shared with rl.py and distill.py: ckpt/step_N/ (adapter, exact fp32
-   weights, optimizer, scheduler, RNG states, config and rows used; for --resume), log.jsonl (one line
+   weights, optimizer, scheduler, RNG states, config and rows used; for --resume, which from a handoff without
+   optimizer.pt goes on with fresh Adam moments and the schedule at its step), log.jsonl (one line
    per optimizer step), curves.png, result.json (config / setup / outcome) and, last, done.json.
 6. Validation (optional; --val-data and/or --val-tasks): before the first step (step 0, the baseline), every
    --val-every optimizer steps (default: at each epoch's end) and at the last step, the model is validated:
@@ -399,7 +400,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
 
     # 3. resume (rundir's checkpoint format, as rl.py and distill.py)
     log_path, ckpt_dir = out_dir / "log.jsonl", out_dir / "ckpt"
-    step = 0
+    step, how = 0, ""
     ckpt = rundir.latest_checkpoint(ckpt_dir) if resume else None
     if ckpt:   # the data cursor only means something with the same data and batching
         saved = rundir.read_meta(ckpt)
@@ -409,9 +410,10 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
             diff["rows_used"] = (saved.get("rows_used"), len(encoded))
         if diff:
             raise ValueError(f"--resume: the checkpoint was made with other settings (saved, now): {diff}")
-        step = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)["step"]
+        meta = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)
+        step, how = meta["step"], rundir.handoff_note(meta, ckpt, log_path)
     if resume:
-        print(f"sft: resumed at step {step}/{total_steps}" if step else "sft: no checkpoint, starting fresh")
+        print(f"sft: resumed at step {step}/{total_steps}{how}" if step else "sft: no checkpoint, starting fresh")
     if dist.is_main():    # (at step 0 nothing is kept: a step-0 validation of an interrupted start is redone)
         log_path.write_text("".join(json.dumps(r) + "\n" for r in rundir.read_log(log_path) if step and r["step"] <= step))
         (out_dir / "done.json").unlink(missing_ok=True)

@@ -542,8 +542,9 @@ def test_a_handoff_checkpoint_restores_the_bf16_adapter_with_a_fresh_optimizer(t
         if p.requires_grad:
             assert torch.equal(p, saved[n].to(torch.bfloat16).float()), n
     assert opt2.state_dict()["state"] == {}
-    with pytest.raises(ValueError, match="scheduled run"):
-        rundir.load_checkpoint(ck, m2, opt2, scheduler=object())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (1 + s))    # sft.py's case: on at step 3
+    rundir.load_checkpoint(ck, m2, opt2, scheduler=sched)
+    assert sched.get_last_lr() == [pytest.approx(1e-2 / 4)] and opt2.param_groups[0]["lr"] == pytest.approx(1e-2 / 4)
     torch.manual_seed(2)
     other = common.add_lora(copy.deepcopy(model), r=2, alpha=4)
     before = {n: p.detach().clone() for n, p in other.named_parameters() if p.requires_grad}

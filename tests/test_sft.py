@@ -209,6 +209,25 @@ def test_a_deadline_stops_between_steps_checkpointed_and_resume_repeats_the_run(
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+def test_a_handoff_resumes_sft_on_schedule_with_fresh_moments_and_is_recorded(rows, tmp_path):
+    """A checkpoint without optimizer.pt (what a device session ships of a cut SFT stage): the resumed run logs the
+    uninterrupted run's learning rates and data order, starts from the bf16 adapter, finishes, records the handoff."""
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, progress=False, save_every=1)
+    sft.train_sft(*fresh(), rows, tmp_path / "whole", **kw)
+    sft.train_sft(*fresh(), rows, tmp_path / "h", stop_after_steps=2, **kw)
+    (tmp_path / "h" / "ckpt" / "step_000002" / "optimizer.pt").unlink()
+    model, tok = fresh()
+    rest = sft.train_sft(model, tok, rows, tmp_path / "h", resume=True, **kw)
+    assert rest["outcome"]["finished"] and (tmp_path / "h" / "done.json").exists()
+    rows_of = lambda d: [json.loads(l) for l in (tmp_path / d / "log.jsonl").read_text().splitlines()]
+    whole, h = rows_of("whole"), rows_of("h")
+    assert [r["step"] for r in h] == [1, 2, 3, 4] and h[:2] == whole[:2]
+    assert [r["lr"] for r in h] == pytest.approx([r["lr"] for r in whole], rel=1e-9)   # the schedule goes on
+    assert h[2]["loss"] == pytest.approx(whole[2]["loss"], rel=1e-2)    # the same batch on bf16-rounded weights
+    assert [json.loads(l)["step"] for l in (tmp_path / "h" / "handoffs.jsonl").read_text().splitlines()] == [2]
+    assert not (tmp_path / "whole" / "handoffs.jsonl").exists()
+
+
 def test_a_deadline_on_the_save_grid_or_right_after_a_resume_saves_nothing_twice(rows, tmp_path, monkeypatch):
     kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, progress=False, save_every=2)
     monkeypatch.setattr(rundir, "Deadline", deadline_after(2))

@@ -30,8 +30,8 @@ def _adapter(folder):
 
 
 def _run_folder(run):
-    """sft0 done (its pick: validated step 2), sft1 cut, rl0 cut after two checkpoints (and a deadline marker), merge
-    done, val and data2 done (no adapter), the data stage. data and data2 are never shipped: their rows quote the corpus's RTL."""
+    """sft0 done (its pick: validated step 2), sft1 cut (its best so far: validated step 1), rl0 cut after two
+    checkpoints (and a deadline marker), merge done, val and data2 done (no adapter), data3 cut, the data stage."""
     _put(run / "data" / "stage0.jsonl")
     s = run / "sft0"
     _adapter(s / "adapter")
@@ -44,8 +44,13 @@ def _run_folder(run):
         _put(s / f)
     _put(s / "ckpt" / "step_000002" / "meta.json")
     _put(run / "sft1" / "log.jsonl")
-    _put(run / "sft1" / "ckpt" / "step_000001" / "meta.json")
-    _adapter(run / "sft1" / "ckpt" / "step_000001" / "adapter")
+    _put(run / "sft1" / "result.json", json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000001/adapter"}}))
+    for step in ("step_000001", "step_000002"):
+        _put(run / "sft1" / "ckpt" / step / "meta.json")
+        _adapter(run / "sft1" / "ckpt" / step / "adapter")
+        _put(run / "sft1" / "ckpt" / step / "optimizer.pt")
+    for step in ("step_000000", "step_000001", "step_000002"):
+        _adapter(run / "sft1" / "val_ckpt" / step / "adapter")
     r = run / "rl0"
     for step in ("step_000010", "step_000020"):
         _adapter(r / "ckpt" / step / "adapter")
@@ -62,7 +67,8 @@ def _run_folder(run):
     _adapter(m / "soup")
     _put(m / "soup" / "choice.json")
     _put(m / "done.json")
-    for f in ("val/rl0/metrics.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json"):
+    for f in ("val/rl0/metrics.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
+              "data3/stage2.jsonl"):
         _put(run / f)
 
 
@@ -74,12 +80,19 @@ SHIPPED = {
     "s2st/rl0/ckpt/step_000020/meta.json", "s2st/rl0/ckpt/step_000020/adapter/adapter_config.json",
     "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
     "s2st/merge/tune/soup_lam1/tune_eval/metrics.json", "s2st/merge/tune/soup_lam1/tune_eval/done.json",
-    "s2st/val/rl0/metrics.json", "s2st/val/done.json"}
+    "s2st/val/rl0/metrics.json", "s2st/val/done.json",
+    "s2st/sft1/log.jsonl", "s2st/sft1/result.json", "s2st/sft1/ckpt/step_000002/meta.json",
+    "s2st/sft1/ckpt/step_000002/adapter/adapter_config.json",
+    "s2st/sft1/ckpt/step_000002/adapter/adapter_model.safetensors",
+    "s2st/sft1/val_ckpt/step_000001/adapter/adapter_config.json",
+    "s2st/sft1/val_ckpt/step_000001/adapter/adapter_model.safetensors",
+    "s2st/data2/stage2.jsonl", "s2st/data2/done.json"}
 
 
 def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monkeypatch):
-    """A cut SFT stage ships nothing (it starts again), a cut RL stage its newest checkpoint without optimizer.pt,
-    the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small files."""
+    """A cut SFT or RL stage ships its newest checkpoint without optimizer.pt (SFT: and its best validated adapter so
+    far), the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small
+    files, a done device-built data stage its rows (not its stdout), data/ and a cut data stage nothing."""
     run = tmp_path / "s2st"
     _run_folder(run)
     monkeypatch.chdir(tmp_path)
@@ -92,6 +105,10 @@ def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monk
     _put(run / "rl0" / "log.jsonl", "one more step")    # only rl0 ran in this session
     assert {p.as_posix() for p in ship_list.ship_list("s2st", since=stamp)} == {
         p for p in SHIPPED if p.startswith("s2st/rl0/")}
+    (run / "sft1" / "result.json").unlink()             # cut by a kill before any result: every validated adapter
+    assert {p.as_posix() for p in ship_list.ship_list("s2st")} == {p for p in SHIPPED if p != "s2st/sft1/result.json"} | {
+        f"s2st/sft1/val_ckpt/step_00000{k}/adapter/{f}" for k in (0, 2)
+        for f in ("adapter_config.json", "adapter_model.safetensors")}
     (run / "sft0" / "val_ckpt" / "step_000002" / "adapter" / "adapter_model.safetensors").unlink()
     with pytest.raises(SystemExit, match="holds no adapter"):
         ship_list.ship_list("s2st")
@@ -124,7 +141,13 @@ def test_ship_then_unship_then_bundle_restores_the_run(tmp_path):
     _put(state / "sft2" / "done.json")                  # a stage of an earlier session, not in this ship: kept
     _put(state / "rl0" / "ckpt" / "step_000005" / "meta.json")   # rl0's older handoff: replaced
     _sh(repo, env, "bench/gpu/unship.sh", str(out))
-    assert {p.relative_to(state.parent).as_posix() for p in state.rglob("*") if p.is_file()} == SHIPPED | {"s2st/sft2/done.json"}
+    data2 = {p for p in SHIPPED if p.startswith("s2st/data2/")}
+    assert {p.relative_to(state.parent).as_posix() for p in state.rglob("*") if p.is_file()} == (
+        SHIPPED - data2 | {"s2st/sft2/done.json"})
+    runs = repo / "runs"          # data2 stays out of results/, its sums do not (runs/: the device's, in this test)
+    assert {p.relative_to(runs).as_posix() for p in (runs / "s2st" / "data2").rglob("*")} == data2
+    assert (state.parent / "data2.sha256").read_text() == (
+        f"{hashlib.sha256(b'x').hexdigest()}  data2/stage2.jsonl\n")
     assert json.loads((state / "sft0" / "result.json").read_text())["config"] == {
         "data": "~/stage/runs/s2st/data/stage0.jsonl", "out": "$OUT/x"}
 
@@ -255,16 +278,44 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     assert (repo / "results/small2/state/data_drift.txt").read_text().startswith(drift)
     assert (repo / "results/small2/state/data_drift.txt").read_text().count("data/stage0.jsonl") == 6
 
+    # data2, a device build unship.sh kept in runs/, goes in while sft2 is not done, and only as its sums say
+    def bundled():
+        _sh(repo, dict(env, DATA_DRIFT_OK="1"), "bench/gpu/pack_stage.sh", "run")
+        (tmp_path / "b.tgz").write_bytes(b"".join(p.read_bytes() for p in sorted(repo.glob(".stage/r*/bundle.part*"))))
+        with tarfile.open(tmp_path / "b.tgz") as t:
+            return {m.name for m in t.getmembers() if m.isfile() and m.name.startswith("runs/s2st/data2/")}
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
+    _put(repo / "runs" / "s2st" / "data2" / "stage2.jsonl", "device rows\n")
+    _put(repo / "runs" / "s2st" / "data2" / "done.json", "{}")
+    (repo / "results/small2/state/data2.sha256").write_text(
+        f"{hashlib.sha256(b'device rows' + bytes([10])).hexdigest()}  data2/stage2.jsonl\n")
+    _put(state.parent / "sft2" / "log.jsonl", "{}")                    # sft2 cut
+    git("add", "-A", "results")
+    git("commit", "-qm", "data2 sums, sft2 cut")
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")
+    assert bundled() == {"runs/s2st/data2/stage2.jsonl", "runs/s2st/data2/done.json"}
+    _put(repo / "runs" / "s2st" / "data2" / "stage2.jsonl", "other rows\n")
+    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=dict(env, DATA_DRIFT_OK="1"),
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "not the data2" in p.stdout
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
+    _put(state.parent / "sft2" / "done.json", "{}")                   # sft2 done: data2 is not needed any more
+    _adapter(state.parent / "sft2" / "adapter")
+    git("add", "-A", "results")
+    git("commit", "-qm", "sft2 done")
+    assert bundled() == set()
 
-def test_unship_leaves_a_data_stage_out(tmp_path):
-    """An older session's parts may hold data2 (rows quoting the corpus's RTL): unship.sh commits only the rest,
-    with the adapters' base model path written as ~/stage."""
+
+def test_unship_keeps_a_data_stage_out_of_results(tmp_path):
+    """data2's rows quote the corpus's RTL: unship.sh puts it in the ignored runs/s2st/data2 (replacing an older
+    one), rows unchanged, and only the rest in results/, with the adapters' base model path written as ~/stage."""
     repo = _repo_copy(tmp_path)
     src, parts = tmp_path / "src", tmp_path / "parts"
     _put(src / "s2st" / "sft0" / "done.json", "{}")
     _put(src / "s2st" / "sft0" / "adapter" / "adapter_config.json",
          json.dumps({"base_model_name_or_path": "/root" + "/stage/cache/hf/smollm2"}))
-    _put(src / "s2st" / "data2" / "stage2.jsonl", "rows")
+    _put(src / "s2st" / "data2" / "stage2.jsonl", '{"path": "/root' + '/stage/x.sv"}')
+    _put(repo / "runs" / "s2st" / "data2" / "old.jsonl")
     parts.mkdir()
     with tarfile.open(parts / "ship.tgz.part00", "w:gz") as t:
         t.add(src / "s2st", arcname="s2st")
@@ -273,6 +324,8 @@ def test_unship_leaves_a_data_stage_out(tmp_path):
     _sh(repo, dict(os.environ), "bench/gpu/unship.sh", str(parts))
     state = repo / "results" / "small2" / "state" / "s2st"
     assert sorted(p.name for p in state.iterdir()) == ["sft0"]
+    assert [p.name for p in (repo / "runs" / "s2st" / "data2").iterdir()] == ["stage2.jsonl"]
+    assert (repo / "runs" / "s2st" / "data2" / "stage2.jsonl").read_text() == '{"path": "/root' + '/stage/x.sv"}'
     assert json.loads((state / "sft0" / "adapter" / "adapter_config.json").read_text()) == {
         "base_model_name_or_path": "~/stage/cache/hf/smollm2"}
 
@@ -311,7 +364,7 @@ def _stage_env(tmp_path):
 
 
 def test_a_stage_call_with_nothing_to_ship_says_so_and_a_chain_runs_without_parallel(tmp_path):
-    """data2 alone: no log.jsonl to return and nothing to ship (data stages never are): the call returns logs.tgz
+    """data2 alone, cut: no log.jsonl to return and nothing to ship (a data stage only when done): the call returns logs.tgz
     only and says why nothing was packed. data2+rl0 without PARALLEL: one process runs both, rl0 is shipped."""
     repo, env = _stage_env(tmp_path)
     out1, out2 = tmp_path / "out1", tmp_path / "out2"

@@ -16,6 +16,8 @@
 #     results/small2/state/s2st), split into .stage/r1 .. .stage/rN: each part fills what one call carries beside
 #     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256. The data's .jsonl files must
 #     match results/small2/state/data.sha256 (written by the first bundle of a run): every session rebuilds them.
+#     runs/s2st/data2 (a device build, returned by a ship) goes in too while sft2 is not done, checked against
+#     results/small2/state/data2.sha256.
 #     DATA_DRIFT_OK=1 bundles a rebuild that differs and appends the difference to results/small2/state/data_drift.txt.
 #     `run runs` leaves out the wheels, .debs and GGUF, for a warm machine that small2_stage0.sh's setup staged.
 set -euo pipefail
@@ -41,7 +43,7 @@ if [ "${1:-}" = run ]; then
   sums=$(cd runs/s2st && find data -name '*.jsonl' -type f | LC_ALL=C sort | xargs sha256sum)
   # `lean_tree.sh hide 0` hides the committed sums (and drift record) too: take them back from HEAD, so that new
   # sums are never written over them and a drift is appended to the whole record
-  for f in data.sha256 data_drift.txt; do
+  for f in data.sha256 data_drift.txt data2.sha256; do
     [ -f results/small2/state/$f ] || ! git cat-file -e HEAD:results/small2/state/$f 2>/dev/null \
       || git checkout HEAD -- results/small2/state/$f
   done
@@ -69,6 +71,17 @@ $drift"
   mkdir -p $W/runs/s2st
   cp -r $DL/wheels $DL/debs $W/ && cp $DL/smollm2.gguf $W/ && cp ../shared/data/dev_tasks.jsonl $W/runs/
   cp -r runs/s2st/data $W/runs/s2st/
+  # data2 (built on the device from sft1's rollouts, returned by a ship: unship.sh) while sft2 is not done: a cut
+  # sft2 resumes only on the rows it trained on
+  if ! git cat-file -e HEAD:results/small2/state/s2st/sft2/done.json 2>/dev/null; then
+    if [ -f runs/s2st/data2/done.json ]; then
+      [ ! -f results/small2/state/data2.sha256 ] || (cd runs/s2st && sha256sum --quiet -c "$OLDPWD/results/small2/state/data2.sha256") \
+        || { echo "pack_stage: runs/s2st/data2 is not the data2 of results/small2/state/data2.sha256"; exit 1; }
+      cp -r runs/s2st/data2 $W/runs/s2st/
+    elif git cat-file -e HEAD:results/small2/state/s2st/sft2/log.jsonl 2>/dev/null; then
+      echo "pack_stage: warning: sft2 is cut but runs/s2st/data2 is missing: the device rebuilds data2 and sft2 resumes only if its rows are as many"
+    fi
+  fi
   # the state as committed (lean_tree.sh hide has taken its large files out of the working tree)
   if git cat-file -e HEAD:results/small2/state/s2st 2>/dev/null; then
     git archive HEAD results/small2/state/s2st | tar -x --strip-components=3 -C $W/runs

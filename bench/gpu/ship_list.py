@@ -2,22 +2,25 @@
 
     cd RUNS && python ship_list.py s2st [--since STAMP] | tar czf - -T -
 
-A stage folder is every folder of RUN but the data stages: data/ (the CPU box rebuilds it) and data2/ (rebuilt on
-the device, ~370 s on an H200, in the session that trains sft2). Their rows quote the third-party corpus's RTL, which
-stays in ../shared, never in the repository the shipped state is committed to. With --since, only the
+A stage folder is every folder of RUN but data/ (the CPU box builds it). data2/ (built on the device, 323 s on an
+H200 in session 15, from sft1's rollouts, so the CPU box cannot rebuild it) is shipped when done: a cut sft2 resumes
+only on the same rows. unship.sh keeps it in the CPU box's ignored runs/s2st/data2, never in results/: its rows quote
+the third-party corpus's RTL, which stays out of the repository. With --since, only the
 stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
 listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - training stages (sft*, rl*, opd*): when done (done.json), their small files (*.json, *.jsonl, *.png outside
   checkpoints and adapter folders) and the adapter they hand on: the validated step that result.json's
   val_best_adapter names (sft_pick=best), else adapter/; RL's and OPD's best/adapter is not kept (nothing reads
   it; best/val.json is). rl* / opd* not done: their small files and the newest checkpoint as a handoff, adapter/ +
-  meta.json without optimizer.pt (rundir.py resumes them with fresh optimizer moments). sft* not done: nothing
-  (an SFT stage fits one session; it starts again).
+  meta.json without optimizer.pt (rundir.py resumes them with fresh optimizer moments). sft* not done: the same
+  handoff and the validated adapter its result.json names as the best so far (every validated adapter when a cut
+  left no result.json): sft2 (567 steps, ~10 min alone) did not fit the calls of session 15, whose machine went
+  cold with 362 steps done and nothing shipped.
 - merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
 - other stages (val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
-Never: stdout logs, optimizer states, the data stages, a deadline-stop marker (rundir.DEADLINE_MARKER).
+Never: stdout logs, optimizer states, data/, a data stage not done, a deadline-stop marker (rundir.DEADLINE_MARKER).
 """
 import argparse
 import json
@@ -41,6 +44,8 @@ def small_files(stage):
 def stage_files(stage):
     stage = Path(stage)
     done = (stage / "done.json").is_file()
+    if stage.name.startswith("data"):
+        return [p for p in files_of(stage) if p.name != "stdout.log"] if done and stage.name != "data" else []
     if stage.name == "merge":
         return [p for p in small_files(stage) if "tune_eval" in p.relative_to(stage).parts]
     if not stage.name.startswith(TRAINING):
@@ -51,17 +56,21 @@ def stage_files(stage):
         if not (stage / pick / "adapter_model.safetensors").is_file():
             sys.exit(f"ship_list: {stage} is done but {stage / pick} holds no adapter")
         return small_files(stage) + files_of(stage / pick)
-    if stage.name.startswith("sft"):
-        return []
     ckpts = sorted(p for p in (stage / "ckpt").glob("step_*") if (p / "meta.json").is_file())
-    return small_files(stage) + ([ckpts[-1] / "meta.json", *files_of(ckpts[-1] / "adapter")] if ckpts else [])
+    handoff = [ckpts[-1] / "meta.json", *files_of(ckpts[-1] / "adapter")] if ckpts else []
+    if stage.name.startswith("sft"):
+        result = json.loads((stage / "result.json").read_text()) if (stage / "result.json").is_file() else {}
+        pick = (result.get("outcome") or {}).get("val_best_adapter")
+        picks = [stage / pick] if pick else sorted(stage.glob("val_ckpt/step_*/adapter"))
+        handoff += [p for folder in picks for p in files_of(folder)]
+    return small_files(stage) + handoff
 
 
 def ship_list(run, since=None):
     run = Path(run)
     stamp = Path(since).stat().st_mtime if since else None
     out = []
-    for stage in sorted(p for p in run.iterdir() if p.is_dir() and not p.name.startswith("data")):
+    for stage in sorted(p for p in run.iterdir() if p.is_dir() and p.name != "data"):
         if stamp is not None and not any(p.stat().st_mtime > stamp for p in files_of(stage)):
             continue                           # restored from the bundle and not run since
         out += [p for p in dict.fromkeys(stage_files(stage)) if "best/adapter" not in p.as_posix()]
@@ -77,7 +86,7 @@ if __name__ == "__main__":
         sys.exit(f"ship_list: {a.run} is not a folder")
     files = ship_list(a.run, a.since)
     if not files:
-        sys.exit("ship_list: nothing to ship (no stage finished or left an RL / OPD checkpoint since the restore; "
-                 "data stages are never shipped)")
+        sys.exit("ship_list: nothing to ship (no stage finished or left a checkpoint since the restore; "
+                 "data/ is never shipped)")
     for p in files:
         print(p.as_posix())

@@ -28,8 +28,8 @@
 #     A stage call returns its logs as logs.tgz and then ships (below) what this session ran so far, so nothing is
 #     lost if the machine goes cold before the next call (SHIP=0: no ship). Leave ~30 s of the call for it.
 #   PART=ship    bash bench/gpu/small2_run.sh      the stages that ran in this session (bench/gpu/ship_list.py: the
-#                                                  adapters later stages read, handoffs of RL / OPD runs cut short, the
-#                                                  merge stage's tuning scores; no merged adapters, no data) as
+#                                                  adapters later stages read, handoffs of training runs cut short, the
+#                                                  merge stage's tuning scores, a finished data2; no merges, no data/) as
 #                                                  ship.tgz.partNN (15 MB each) + ship.sha256. A call returns 4 parts
 #                                                  (the device brings back 64 MiB), FIRST..FIRST+3 (FIRST=0 default;
 #                                                  packed once per session unless SHIP_NEW=1): again with FIRST=4, 8, ...
@@ -115,7 +115,7 @@ pack() {
 if [ "${PART:-}" = ship ]; then
   # what later sessions need (results/small2/state/s2st, committed on the CPU box); bench/gpu/ship_list.py chooses
   since=(); [ -f $S/restored.stamp ] && since=(--since $S/restored.stamp)
-  # nothing to ship yet (only data2 ran, or an SFT stage was cut) or a bad run folder: say why, keep an earlier pack
+  # nothing to ship yet (a data2 build was cut) or a bad run folder: say why, keep an earlier pack
   B=$PWD/bench/gpu/ship_list.py
   if why=$(cd $S/runs && python3 $B s2st ${since[*]} 2>&1 > /dev/null); then
     pack ship bash -c "set -o pipefail; cd $S/runs && python3 $B s2st ${since[*]} | tar czf - -T -"
