@@ -44,12 +44,14 @@ target-token count and the LoRA gradients are summed over the ranks, so a step e
 (LoRA dropout aside: each rank draws its own masks). Rank 0 writes every file.
 """
 import argparse
+import hashlib
 import json
 import math
 import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -266,6 +268,16 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
     return rec
 
 
+def rows_digest(encoded):
+    """The trained rows' token ids and labels, as 16 hex digits: a resume refuses other rows of the same count (a
+    data2 rebuilt on the device after the box lost the one a cut sft2 trained on)."""
+    h = hashlib.sha256()
+    for e in encoded:
+        h.update(np.asarray(e["input_ids"], dtype=np.int64).tobytes() + b"|")
+        h.update(np.asarray(e["labels"], dtype=np.int64).tobytes() + b"/")
+    return h.hexdigest()[:16]
+
+
 def val_key(r):
     """Validation rows in order of preference: the highest val/syn_pass, ties (or no SynPass: every row) broken
     by the lower val/loss, then the earlier step."""
@@ -359,7 +371,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     steps_per_epoch = math.ceil(micro_per_epoch / grad_accum)
     total_steps = steps_per_epoch * epochs
     warmup_steps = max(1, round(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
-    setup = {"rows": len(rows), "rows_used": len(encoded), "dropped_too_long": dropped,
+    setup = {"rows": len(rows), "rows_used": len(encoded), "rows_sha": rows_digest(encoded),
+             "dropped_too_long": dropped,
              "prompts_truncated": sum(e["prompt_cut"] > 0 for e in encoded),
              "tokens": sum(lengths), "target_tokens": sum(sum(l != IGNORE for l in e["labels"]) for e in encoded),
              "steps": total_steps, "warmup_steps": warmup_steps}
@@ -408,6 +421,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         diff = {k: (saved["config"].get(k), config[k]) for k in keys if saved["config"].get(k) != config[k]}
         if saved.get("rows_used") != len(encoded):
             diff["rows_used"] = (saved.get("rows_used"), len(encoded))
+        elif saved.get("rows_sha", setup["rows_sha"]) != setup["rows_sha"]:    # (older checkpoints: the count only)
+            diff["rows_sha"] = (saved["rows_sha"], setup["rows_sha"])
         if diff:
             raise ValueError(f"--resume: the checkpoint was made with other settings (saved, now): {diff}")
         meta = rundir.load_checkpoint(ckpt, model, optimizer, scheduler)
@@ -450,7 +465,8 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         val_seconds[0] = time.time() - t_val
 
     def save(s):
-        rundir.save_checkpoint(ckpt_dir, s, model, optimizer, {"config": config, "rows_used": len(encoded)},
+        rundir.save_checkpoint(ckpt_dir, s, model, optimizer,
+                               {"config": config, "rows_used": len(encoded), "rows_sha": setup["rows_sha"]},
                                keep_last=1, scheduler=scheduler)
 
     # $CHORUS_DEADLINE: stop between steps, checkpointed; a stage started past it (the later stage of a chain)

@@ -174,6 +174,9 @@ def test_resume_repeats_the_uninterrupted_run(rows, tmp_path):
     model, tok = fresh()
     with pytest.raises(ValueError, match="batch_size"):          # the data cursor needs the same batching
         sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **{**kw, "batch_size": 4})
+    other = [dict(r, messages=chat(10 + k, turns=1 + k % 2)) for k, r in enumerate(rows)]   # as many rows, others
+    with pytest.raises(ValueError, match="rows_sha"):
+        sft.train_sft(*fresh(), other, tmp_path / "split", resume=True, **kw)
     model, tok = fresh()
     rest = sft.train_sft(model, tok, rows, tmp_path / "split", resume=True, **kw)
     assert rest["outcome"]["finished"]

@@ -79,7 +79,7 @@ $drift"
         || { echo "pack_stage: runs/s2st/data2 is not the data2 of results/small2/state/data2.sha256"; exit 1; }
       cp -r runs/s2st/data2 $W/runs/s2st/
     elif git cat-file -e HEAD:results/small2/state/s2st/sft2/log.jsonl 2>/dev/null; then
-      echo "pack_stage: warning: sft2 is cut but runs/s2st/data2 is missing: the device rebuilds data2 and sft2 resumes only if its rows are as many"
+      echo "pack_stage: warning: sft2 is cut but runs/s2st/data2 is missing: the device builds data2 again, and sft2 refuses to resume on other rows (delete results/small2/state/s2st/sft2 then)"
     fi
   fi
   # the state as committed (lean_tree.sh hide has taken its large files out of the working tree)
