@@ -212,6 +212,29 @@ def test_a_deadline_stops_between_steps_checkpointed_and_resume_repeats_the_run(
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
+def test_a_resume_counts_the_logged_validation_time_before_a_validated_step(rows, val_rows, tmp_path, monkeypatch):
+    """Resumed at step 3 of 8 with --val-every 4: the first deadline check (before step 4, a validation step) counts
+    the duration of the last validation the log kept, before any validation has run in the new process."""
+    kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=1, max_len=512, seed=0, progress=False, val_every=4)
+    sft.train_sft(*fresh(), rows, tmp_path / "s", val_rows=val_rows, stop_after_steps=3, **kw)
+    log = _log(tmp_path / "s")
+    (tmp_path / "s" / "log.jsonl").write_text("".join(json.dumps(dict(r, **{"val/s": 123.0}) if r.get("val") else r)
+                                                      + "\n" for r in log))    # step 0's row, as if tasks ran
+    extras = []
+
+    class Record(rundir.Deadline):
+        def __init__(self, *a, **kw):
+            super().__init__("1e18")
+
+        def near(self, extra=0.0):
+            extras.append(extra)
+            return False
+    monkeypatch.setattr(rundir, "Deadline", Record)
+    sft.train_sft(*fresh(), rows, tmp_path / "s", val_rows=val_rows, resume=True, **kw)
+    assert extras[:2] == [0.0, 123.0]        # the check before the loop, then before step 4
+    assert extras[2] == 0.0                  # before step 5: no validation follows it
+
+
 def test_a_handoff_resumes_sft_on_schedule_with_fresh_moments_and_is_recorded(rows, tmp_path):
     """A checkpoint without optimizer.pt (what a device session ships of a cut SFT stage): the resumed run logs the
     uninterrupted run's learning rates and data order, starts from the bf16 adapter, finishes, records the handoff."""
