@@ -235,7 +235,7 @@ def test_a_resume_counts_the_logged_validation_time_before_a_validated_step(rows
     assert extras[2] == 0.0                  # before step 5: no validation follows it
 
 
-def test_a_handoff_resumes_sft_on_schedule_with_fresh_moments_and_is_recorded(rows, tmp_path):
+def test_a_handoff_resumes_sft_on_schedule_with_fresh_moments_and_is_recorded(rows, tmp_path, monkeypatch):
     """A checkpoint without optimizer.pt (what a device session ships of a cut SFT stage): the resumed run logs the
     uninterrupted run's learning rates and data order, starts from the bf16 adapter, finishes, records the handoff."""
     kw = dict(epochs=2, lr=3e-3, batch_size=2, grad_accum=2, max_len=512, seed=1, progress=False, save_every=1)
@@ -243,12 +243,24 @@ def test_a_handoff_resumes_sft_on_schedule_with_fresh_moments_and_is_recorded(ro
     sft.train_sft(*fresh(), rows, tmp_path / "h", stop_after_steps=2, **kw)
     (tmp_path / "h" / "ckpt" / "step_000002" / "optimizer.pt").unlink()
     model, tok = fresh()
+    fresh_moments = []
+    real_step = torch.optim.AdamW.step
+
+    def first_step(self, *a, **kw):                 # the optimizer state at the resumed run's first update
+        if not fresh_moments:
+            fresh_moments.append(len(self.state))
+        return real_step(self, *a, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, "step", first_step)
     rest = sft.train_sft(model, tok, rows, tmp_path / "h", resume=True, **kw)
+    monkeypatch.undo()
+    assert fresh_moments == [0]
     assert rest["outcome"]["finished"] and (tmp_path / "h" / "done.json").exists()
-    rows_of = lambda d: [json.loads(l) for l in (tmp_path / d / "log.jsonl").read_text().splitlines()]
+    rows_of = lambda d: [{k: v for k, v in json.loads(l).items() if k != "elapsed_s"}
+                         for l in (tmp_path / d / "log.jsonl").read_text().splitlines()]
     whole, h = rows_of("whole"), rows_of("h")
     assert [r["step"] for r in h] == [1, 2, 3, 4] and h[:2] == whole[:2]
     assert [r["lr"] for r in h] == pytest.approx([r["lr"] for r in whole], rel=1e-9)   # the schedule goes on
+    assert [r["target_tokens"] for r in h] == [r["target_tokens"] for r in whole]    # and the data order
     assert h[2]["loss"] == pytest.approx(whole[2]["loss"], rel=1e-2)    # the same batch on bf16-rounded weights
     assert [json.loads(l)["step"] for l in (tmp_path / "h" / "handoffs.jsonl").read_text().splitlines()] == [2]
     assert not (tmp_path / "whole" / "handoffs.jsonl").exists()

@@ -44,12 +44,13 @@ def _run_folder(run):
         _put(s / f)
     _put(s / "ckpt" / "step_000002" / "meta.json")
     _put(run / "sft1" / "log.jsonl")
-    _put(run / "sft1" / "result.json", json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000001/adapter"}}))
+    _put(run / "sft1" / "result.json", json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000001/adapter",
+                                                                "steps_done": 2}}))    # a deadline stop at step 2
     for step in ("step_000001", "step_000002"):
-        _put(run / "sft1" / "ckpt" / step / "meta.json")
+        _put(run / "sft1" / "ckpt" / step / "meta.json", json.dumps({"step": int(step[-1])}))
         _adapter(run / "sft1" / "ckpt" / step / "adapter")
         _put(run / "sft1" / "ckpt" / step / "optimizer.pt")
-    for step in ("step_000000", "step_000001", "step_000002"):
+    for step in ("step_000000", "step_000001", "step_000002", "step_000003"):   # 3: validated, then killed
         _adapter(run / "sft1" / "val_ckpt" / step / "adapter")
     r = run / "rl0"
     for step in ("step_000010", "step_000020"):
@@ -68,7 +69,7 @@ def _run_folder(run):
     _put(m / "soup" / "choice.json")
     _put(m / "done.json")
     for f in ("val/rl0/metrics.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
-              "data3/stage2.jsonl"):
+              "data2/stage0.jsonl", "data2/stage1.jsonl", "data2/result.json", "data3/stage2.jsonl"):
         _put(run / f)
 
 
@@ -86,13 +87,15 @@ SHIPPED = {
     "s2st/sft1/ckpt/step_000002/adapter/adapter_model.safetensors",
     "s2st/sft1/val_ckpt/step_000001/adapter/adapter_config.json",
     "s2st/sft1/val_ckpt/step_000001/adapter/adapter_model.safetensors",
-    "s2st/data2/stage2.jsonl", "s2st/data2/done.json"}
+    "s2st/data2/stage2.jsonl", "s2st/data2/done.json", "s2st/data2/result.json"}
 
 
 def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monkeypatch):
     """A cut SFT or RL stage ships its newest checkpoint without optimizer.pt (SFT: and its best validated adapter so
     far), the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small
-    files, a done device-built data stage its rows (not its stdout), data/ and a cut data stage nothing."""
+    files, a done device-built data stage its stage2.jsonl and small files (not stages 0-1, data/'s rows, nor its
+    stdout), data/ and a cut data stage nothing. A cut SFT stage's result.json names its best only if written at the
+    newest checkpoint (a deadline stop); after a kill every validated adapter up to the checkpoint goes."""
     run = tmp_path / "s2st"
     _run_folder(run)
     monkeypatch.chdir(tmp_path)
@@ -105,10 +108,14 @@ def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monk
     _put(run / "rl0" / "log.jsonl", "one more step")    # only rl0 ran in this session
     assert {p.as_posix() for p in ship_list.ship_list("s2st", since=stamp)} == {
         p for p in SHIPPED if p.startswith("s2st/rl0/")}
-    (run / "sft1" / "result.json").unlink()             # cut by a kill before any result: every validated adapter
-    assert {p.as_posix() for p in ship_list.ship_list("s2st")} == {p for p in SHIPPED if p != "s2st/sft1/result.json"} | {
-        f"s2st/sft1/val_ckpt/step_00000{k}/adapter/{f}" for k in (0, 2)
-        for f in ("adapter_config.json", "adapter_model.safetensors")}
+    # killed after a deadline stop at step 1 had written result.json: every validated adapter up to the checkpoint
+    _put(run / "sft1" / "result.json", json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000000/adapter",
+                                                                "steps_done": 1}}))
+    every = {f"s2st/sft1/val_ckpt/step_00000{k}/adapter/{f}" for k in (0, 1, 2)
+             for f in ("adapter_config.json", "adapter_model.safetensors")}
+    assert {p.as_posix() for p in ship_list.ship_list("s2st")} == SHIPPED | every
+    (run / "sft1" / "result.json").unlink()             # killed before any result: the same
+    assert {p.as_posix() for p in ship_list.ship_list("s2st")} == SHIPPED - {"s2st/sft1/result.json"} | every
     (run / "sft0" / "val_ckpt" / "step_000002" / "adapter" / "adapter_model.safetensors").unlink()
     with pytest.raises(SystemExit, match="holds no adapter"):
         ship_list.ship_list("s2st")
@@ -279,8 +286,8 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     assert (repo / "results/small2/state/data_drift.txt").read_text().count("data/stage0.jsonl") == 6
 
     # data2, a device build unship.sh kept in runs/, goes in while sft2 is not done, and only as its sums say
-    def bundled():
-        _sh(repo, dict(env, DATA_DRIFT_OK="1"), "bench/gpu/pack_stage.sh", "run")
+    def bundled(**extra):
+        _sh(repo, dict(env, DATA_DRIFT_OK="1", **extra), "bench/gpu/pack_stage.sh", "run")
         (tmp_path / "b.tgz").write_bytes(b"".join(p.read_bytes() for p in sorted(repo.glob(".stage/r*/bundle.part*"))))
         with tarfile.open(tmp_path / "b.tgz") as t:
             return {m.name for m in t.getmembers() if m.isfile() and m.name.startswith("runs/s2st/data2/")}
@@ -294,6 +301,12 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     git("commit", "-qm", "data2 sums, sft2 cut")
     _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")
     assert bundled() == {"runs/s2st/data2/stage2.jsonl", "runs/s2st/data2/done.json"}
+    shutil.move(repo / "runs" / "s2st" / "data2", tmp_path / "data2")          # the box lost it: refused
+    p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=dict(env, DATA_DRIFT_OK="1"),
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "DATA2_REBUILD_OK=1" in p.stdout
+    assert bundled(DATA2_REBUILD_OK="1") == set()                              # unless accepted
+    shutil.move(tmp_path / "data2", repo / "runs" / "s2st" / "data2")
     _put(repo / "runs" / "s2st" / "data2" / "stage2.jsonl", "other rows\n")
     p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=dict(env, DATA_DRIFT_OK="1"),
                        capture_output=True, text=True)

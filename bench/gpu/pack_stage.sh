@@ -75,11 +75,13 @@ $drift"
   # sft2 resumes only on the rows it trained on
   if ! git cat-file -e HEAD:results/small2/state/s2st/sft2/done.json 2>/dev/null; then
     if [ -f runs/s2st/data2/done.json ]; then
-      [ ! -f results/small2/state/data2.sha256 ] || (cd runs/s2st && sha256sum --quiet -c "$OLDPWD/results/small2/state/data2.sha256") \
-        || { echo "pack_stage: runs/s2st/data2 is not the data2 of results/small2/state/data2.sha256"; exit 1; }
+      [ -f results/small2/state/data2.sha256 ] && (cd runs/s2st && sha256sum --quiet -c "$OLDPWD/results/small2/state/data2.sha256") \
+        || { echo "pack_stage: runs/s2st/data2 is not the data2 of results/small2/state/data2.sha256 (unship.sh writes both)"; exit 1; }
       cp -r runs/s2st/data2 $W/runs/s2st/
-    elif git cat-file -e HEAD:results/small2/state/s2st/sft2/log.jsonl 2>/dev/null; then
-      echo "pack_stage: warning: sft2 is cut but runs/s2st/data2 is missing: the device builds data2 again, and sft2 refuses to resume on other rows (delete results/small2/state/s2st/sft2 then)"
+    elif git cat-file -e HEAD:results/small2/state/s2st/sft2/log.jsonl 2>/dev/null && [ "${DATA2_REBUILD_OK:-}" != 1 ]; then
+      echo "pack_stage: sft2 is cut but runs/s2st/data2 is gone: the device would build data2 again, and sft2 refuses to"
+      echo "pack_stage: resume on other rows. git rm -r results/small2/state/s2st/sft2 (sft2 starts again), or DATA2_REBUILD_OK=1"
+      exit 1
     fi
   fi
   # the state as committed (lean_tree.sh hide has taken its large files out of the working tree)

@@ -3,8 +3,8 @@
     cd RUNS && python ship_list.py s2st [--since STAMP] | tar czf - -T -
 
 A stage folder is every folder of RUN but data/ (the CPU box builds it). data2/ (built on the device, 323 s on an
-H200 in session 15, from sft1's rollouts, so the CPU box cannot rebuild it) is shipped when done: a cut sft2 resumes
-only on the same rows. unship.sh keeps it in the CPU box's ignored runs/s2st/data2, never in results/: its rows quote
+H200 in session 15, from sft1's rollouts, so the CPU box cannot rebuild it) is shipped when done, its stage2.jsonl
+(what sft2 reads; its stages 0-1 are data/'s rows) and small files: a cut sft2 resumes only on the same rows. unship.sh keeps it in the CPU box's ignored runs/s2st/data2, never in results/: its rows quote
 the third-party corpus's RTL, which stays out of the repository. With --since, only the
 stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
 listed: unship.sh replaces those stage folders and keeps the others. Per stage:
@@ -13,9 +13,10 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
   val_best_adapter names (sft_pick=best), else adapter/; RL's and OPD's best/adapter is not kept (nothing reads
   it; best/val.json is). rl* / opd* not done: their small files and the newest checkpoint as a handoff, adapter/ +
   meta.json without optimizer.pt (rundir.py resumes them with fresh optimizer moments). sft* not done: the same
-  handoff and the validated adapter its result.json names as the best so far (every validated adapter when a cut
-  left no result.json): sft2 (567 steps, ~10 min alone) did not fit the calls of session 15, whose machine went
-  cold with 362 steps done and nothing shipped.
+  handoff and the validated adapter its result.json names as the best so far, if that result was written at the
+  checkpoint's step (a deadline stop), else every validated adapter up to that step (a kill leaves an older
+  result): sft2 (567 steps, ~10 min alone) did not fit the calls of session 15, whose machine went cold with 362
+  steps done and nothing shipped.
 - merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
@@ -44,8 +45,9 @@ def small_files(stage):
 def stage_files(stage):
     stage = Path(stage)
     done = (stage / "done.json").is_file()
-    if stage.name.startswith("data"):
-        return [p for p in files_of(stage) if p.name != "stdout.log"] if done and stage.name != "data" else []
+    if stage.name.startswith("data"):     # data2: its rows (stage2.jsonl; stages 0-1 are data/'s) and small files
+        keep = lambda p: p.name == "stage2.jsonl" or (p.suffix == ".json" and p.parent == stage)
+        return [p for p in files_of(stage) if keep(p)] if done and stage.name != "data" else []
     if stage.name == "merge":
         return [p for p in small_files(stage) if "tune_eval" in p.relative_to(stage).parts]
     if not stage.name.startswith(TRAINING):
@@ -58,10 +60,14 @@ def stage_files(stage):
         return small_files(stage) + files_of(stage / pick)
     ckpts = sorted(p for p in (stage / "ckpt").glob("step_*") if (p / "meta.json").is_file())
     handoff = [ckpts[-1] / "meta.json", *files_of(ckpts[-1] / "adapter")] if ckpts else []
-    if stage.name.startswith("sft"):
+    if stage.name.startswith("sft") and ckpts:
+        # result.json's best so far, when it was written at the newest checkpoint (a deadline stop); a kill leaves
+        # an older one, so then every validated adapter up to the checkpoint (a later stage may pick any of them)
         result = json.loads((stage / "result.json").read_text()) if (stage / "result.json").is_file() else {}
-        pick = (result.get("outcome") or {}).get("val_best_adapter")
-        picks = [stage / pick] if pick else sorted(stage.glob("val_ckpt/step_*/adapter"))
+        outcome, step = result.get("outcome") or {}, json.loads(handoff[0].read_text())["step"]
+        pick = outcome.get("val_best_adapter") if outcome.get("steps_done") == step else None
+        picks = [stage / pick] if pick and (stage / pick).is_dir() else [
+            f for f in sorted(stage.glob("val_ckpt/step_*/adapter")) if int(f.parent.name[5:]) <= step]
         handoff += [p for folder in picks for p in files_of(folder)]
     return small_files(stage) + handoff
 
