@@ -252,6 +252,7 @@ def test_validate_reports_the_rl_reward_and_leaves_the_mode(monkeypatch):
     out = evaluate.validate(model, None, TASKS, n=1, seed=3, sim_workers=2, target_mode="cvdp")
     assert model.training and built[0]["seed"] == 3
     assert out["val/reward"] == pytest.approx((1.9 + 0.0) / 2)
+    assert out["val/reward_se"] == pytest.approx(0.95)       # sd of the task means (1.9, 0) / sqrt(2 tasks)
     assert (out["val/pass@1"], out["val/cov@1"], out["val/syn_pass"], out["val/tasks"]) == (50.0, 45.0, 50.0, 2)
     assert out["val/timeouts"] == out["val/starved_timeouts"] == 0
     both = "\x00".join(answer(CNT_90 if "cnt" in t["id"] else BROKEN) for t in TASKS)   # the answers, in task order
