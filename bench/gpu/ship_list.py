@@ -4,8 +4,9 @@
 
 A stage folder is every folder of RUN but data/ (the CPU box builds it). data2/ (built on the device, 323 s on an
 H200 in session 15, from sft1's rollouts, so the CPU box cannot rebuild it) is shipped when done, its stage2.jsonl
-(what sft2 reads; its stages 0-1 are data/'s rows) and small files: a cut sft2 resumes only on the same rows. unship.sh keeps it in the CPU box's ignored runs/s2st/data2, never in results/: its rows quote
-the third-party corpus's RTL, which stays out of the repository. With --since, only the
+(what sft2 reads; its stages 0-1 are data/'s rows) and small files: a cut sft2 resumes only on the same rows.
+unship.sh keeps it in the CPU box's ignored runs/s2st/data2, never in results/: its rows quote the third-party
+corpus's RTL, which stays out of the repository. With --since, only the
 stages with a file newer than STAMP (what this session ran; the restored ones keep their archive times) are
 listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - training stages (sft*, rl*, opd*): when done (done.json), their small files (*.json, *.jsonl, *.png outside
