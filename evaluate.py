@@ -201,7 +201,7 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
     noise, so a change is the model's). Returns a flat dict: `val/reward` (the RL reward 1 + coverage/100 of
     a testbench that ran, else 0, averaged over samples), `val/pass@1`, `val/cov@1`, `val/syn_pass` (percent,
     averaged over tasks), `val/reward_se` (the standard error of val/reward as a mean over this many tasks,
-    from the spread of the per-task rewards), `val/tasks`, `val/s`, and what tells two
+    from the spread of the per-task rewards; None for one task), `val/tasks`, `val/s`, and what tells two
     validations of the same weights apart:
     `val/timeouts` and `val/starved_timeouts` (sim.starved_timeout: the busy machine's, not the answer's) and
     `val/answers_sha` (sha256 of the answers in order, 16 hex digits: the same answers, or not). The model is left
@@ -226,7 +226,7 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
     means = [float(np.mean(v)) for v in per_task.values()]
     answers = "\x00".join(s["rounds"][0]["text"] for s in samples)
     return {"val/reward": float(np.mean(rewards)) if rewards else 0.0,
-            "val/reward_se": float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else 0.0,
+            "val/reward_se": float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else None,
             "val/pass@1": d.get("pass@1", 0.0),
             "val/cov@1": d.get("cov@1", 0.0), "val/syn_pass": d.get("syn_pass", 0.0), "val/tasks": len(tasks),
             "val/s": round(time.time() - t0, 2), "val/timeouts": sum(r.get("status") == sim.TIMEOUT for r in results),

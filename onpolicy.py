@@ -795,8 +795,9 @@ def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, rele
             common.save_adapter(model, os.path.join(out, "best", "adapter"))
             with open(os.path.join(out, "best", "val.json"), "w") as f:
                 json.dump(row, f, indent=1)
-        write(f"val step {step:5d} | reward {m['val/reward']:.3f} (se {m.get('val/reward_se', 0):.3f}) "
-              f"pass@1 {m['val/pass@1']:.1f} cov@1 {m['val/cov@1']:.1f} syn {m['val/syn_pass']:.1f} | "
+        se = m.get("val/reward_se")
+        write(f"val step {step:5d} | reward {m['val/reward']:.3f}" + (f" (se {se:.3f}) " if se is not None else " ")
+              + f"pass@1 {m['val/pass@1']:.1f} cov@1 {m['val/cov@1']:.1f} syn {m['val/syn_pass']:.1f} | "
               f"{m['val/s']:.0f}s" + (" | best" if better else ""))
     return bool(args.stop_on_plateau and step >= getattr(args, "min_steps", 0)
                 and val_summary(log, args.val_patience)["val_plateau"])

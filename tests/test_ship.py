@@ -296,7 +296,9 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
     _put(repo / "runs" / "s2st" / "data2" / "done.json", "{}")
     (repo / "results/small2/state/data2.sha256").write_text(
         f"{hashlib.sha256(b'device rows' + bytes([10])).hexdigest()}  data2/stage2.jsonl\n")
-    _put(state.parent / "sft2" / "log.jsonl", "{}")                    # sft2 cut
+    _put(state.parent / "sft2" / "log.jsonl", "{}")                    # sft2 cut, checkpointed
+    _put(state.parent / "sft2" / "ckpt" / "step_000003" / "meta.json", '{"step": 3}')
+    _adapter(state.parent / "sft2" / "ckpt" / "step_000003" / "adapter")
     git("add", "-A", "results")
     git("commit", "-qm", "data2 sums, sft2 cut")
     _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")
@@ -306,6 +308,12 @@ def test_the_bundle_takes_the_committed_state_although_lean_tree_hid_its_adapter
                        capture_output=True, text=True)
     assert p.returncode == 1 and "DATA2_REBUILD_OK=1" in p.stdout
     assert bundled(DATA2_REBUILD_OK="1") == set()                              # unless accepted
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "restore")
+    git("rm", "-rq", "results/small2/state/s2st/sft2/ckpt")                   # cut before its first checkpoint:
+    git("add", "-A", "results")                                                # it starts again, on any data2
+    git("commit", "-qm", "sft2 not checkpointed (and the drift records)")
+    _sh(repo, env, "bench/gpu/lean_tree.sh", "hide", "0")
+    assert bundled() == set()
     shutil.move(tmp_path / "data2", repo / "runs" / "s2st" / "data2")
     _put(repo / "runs" / "s2st" / "data2" / "stage2.jsonl", "other rows\n")
     p = subprocess.run(["bash", "bench/gpu/pack_stage.sh", "run"], cwd=repo, env=dict(env, DATA_DRIFT_OK="1"),

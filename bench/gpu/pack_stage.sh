@@ -17,7 +17,9 @@
 #     the working tree as it is now (64 MiB in all), the last part holds bundle.sha256. The data's .jsonl files must
 #     match results/small2/state/data.sha256 (written by the first bundle of a run): every session rebuilds them.
 #     runs/s2st/data2 (a device build, returned by a ship) goes in too while sft2 is not done, checked against
-#     results/small2/state/data2.sha256.
+#     results/small2/state/data2.sha256. A cut sft2 (a committed checkpoint) without runs/s2st/data2 is refused:
+#     DATA2_REBUILD_OK=1 bundles it all the same, and the device builds data2 again, on which sft2's resume fails
+#     (sft.py checks a digest of its rows) unless the rebuild is the same: git rm its state to start sft2 again.
 #     DATA_DRIFT_OK=1 bundles a rebuild that differs and appends the difference to results/small2/state/data_drift.txt.
 #     `run runs` leaves out the wheels, .debs and GGUF, for a warm machine that small2_stage0.sh's setup staged.
 set -euo pipefail
@@ -78,7 +80,8 @@ $drift"
       [ -f results/small2/state/data2.sha256 ] && (cd runs/s2st && sha256sum --quiet -c "$OLDPWD/results/small2/state/data2.sha256") \
         || { echo "pack_stage: runs/s2st/data2 is not the data2 of results/small2/state/data2.sha256 (unship.sh writes both)"; exit 1; }
       cp -r runs/s2st/data2 $W/runs/s2st/
-    elif git cat-file -e HEAD:results/small2/state/s2st/sft2/log.jsonl 2>/dev/null && [ "${DATA2_REBUILD_OK:-}" != 1 ]; then
+    elif git ls-tree -r --name-only HEAD results/small2/state/s2st/sft2/ckpt | grep -q meta.json \
+         && [ "${DATA2_REBUILD_OK:-}" != 1 ]; then
       echo "pack_stage: sft2 is cut but runs/s2st/data2 is gone: the device would build data2 again, and sft2 refuses to"
       echo "pack_stage: resume on other rows. git rm -r results/small2/state/s2st/sft2 (sft2 starts again), or DATA2_REBUILD_OK=1"
       exit 1
