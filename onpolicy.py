@@ -697,8 +697,7 @@ def deadline_near(deadline, args, log, step):
     (validate_step's rule), as long as the last validation took (its val/s row)."""
     nxt = step + 1
     due = args.val_tasks is not None and (nxt % args.val_every == 0 or nxt == args.steps)
-    last = next((r.get("val/s") or 0.0 for r in reversed(log) if r.get("val")), 0.0)
-    return deadline.near(extra=last if due else 0.0)
+    return deadline.near(extra=rundir.last_val_seconds(log) if due else 0.0)
 
 
 def load_val_tasks(args):

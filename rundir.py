@@ -158,6 +158,12 @@ def deadline_stopped(out, code, since):
     return code == EXIT_DEADLINE or (code != 0 and fresh)
 
 
+def last_val_seconds(log):
+    """How long the last validation in a log took (its row's val/s; 0.0 without one): what a step followed by a
+    validation takes beyond a plain one, for Deadline.near's `extra`."""
+    return next((r.get("val/s") or 0.0 for r in reversed(log) if r.get("val")), 0.0)
+
+
 def latest_checkpoint(ckpt_dir):
     """The newest complete checkpoint folder, or None. (Temp folders start with '.')."""
     found = sorted(p for p in Path(ckpt_dir).glob("step_*") if (p / "meta.json").exists())

@@ -451,8 +451,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
 
     # the last validation's duration ($CHORUS_DEADLINE: the step it follows takes that longer); after a resume, the
     # last one the log kept (val/s: its task part, by far the longer)
-    val_seconds = [next((r["val/s"] for r in reversed(rundir.read_log(log_path)) if r.get("val") and "val/s" in r),
-                        0.0)]
+    val_seconds = [rundir.last_val_seconds(rundir.read_log(log_path))]
 
     def run_validation(s):    # before the step-s checkpoint: a resume from it keeps this row, never repeats it
         t_val = time.time()
