@@ -204,17 +204,20 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
     from the spread of the per-task rewards; None for one task), `val/tasks`, `val/s`, and what tells two
     validations of the same weights apart:
     `val/timeouts` and `val/starved_timeouts` (sim.starved_timeout: the busy machine's, not the answer's) and
-    `val/answers_sha` (sha256 of the answers in order, 16 hex digits: the same answers, or not). The model is left
-    in the mode it was in."""
+    `val/answers_sha` (sha256 of the answers in order, 16 hex digits: the same answers, or not). The answers
+    come from the adapter as saved (common.as_saved: LoRA weights rounded to bf16 for the duration), so the
+    validation of a stage's last step and the next stage's step 0 score the same weights. The model is left
+    in the mode it was in, with its exact weights."""
     t0 = time.time()
     was = model.training
     model.eval()
     try:
         policy = model_policy(model, tok, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, batch_size=batch_size)
-        samples, metrics = run_eval(policy, tasks, n=n, rounds=0, sim_workers=sim_workers, seed=seed,
-                                    batch_size=batch_size, target_mode=target_mode, n_boot=0, verbose=False,
-                                    answer_mode=answer_mode)
+        with common.as_saved(model):
+            samples, metrics = run_eval(policy, tasks, n=n, rounds=0, sim_workers=sim_workers, seed=seed,
+                                        batch_size=batch_size, target_mode=target_mode, n_boot=0, verbose=False,
+                                        answer_mode=answer_mode)
     finally:
         model.train(was)
     d = metrics["direct"]

@@ -159,6 +159,33 @@ def test_adapter_save_load_bf16(tiny, tmp_path):
     assert not any(p.requires_grad for p in loaded.parameters())  # loaded frozen (trainable=False)
 
 
+def test_as_saved_holds_the_saved_weights_for_the_duration(tmp_path):
+    """Inside common.as_saved a trained (fp32) adapter holds exactly what save_adapter writes: its logits and its
+    sampled answers equal those of the adapter loaded back from disk; afterwards the exact weights return."""
+    model, tok = common.tiny_model(0)
+    pm = common.add_lora(model, r=4, alpha=8, dropout=0.0)
+    _randomize_lora(pm, 2)                                    # fp32 values that bf16 cannot hold
+    exact = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    loaded = common.load_adapter(common.tiny_model(0)[0], common.save_adapter(pm, tmp_path / "ad"))
+    x = torch.tensor([common.chat_ids(tok, [{"role": "user", "content": "hi"}])])
+    chats = [[{"role": "user", "content": f"write {i}"}] for i in range(4)]
+    sample = dict(max_new_tokens=24, temperature=1.0, top_p=1.0, seed=5)
+    pm.eval()
+    with torch.no_grad():
+        assert not torch.equal(pm(x).logits, loaded(x).logits)             # the fp32 weights are not the saved ones
+        with common.as_saved(pm) as changed:
+            assert changed == sum("lora_" in n for n in exact)             # every LoRA tensor was rounded
+            for n, p in pm.named_parameters():
+                want = exact[n].bfloat16().float() if "lora_" in n else exact[n]
+                assert torch.equal(p, want), n
+            assert torch.equal(pm(x).logits, loaded(x).logits)
+            inside = [c.text for c in common.generate(pm, tok, chats, **sample)]
+        with common.as_saved(loaded) as unchanged:
+            assert unchanged == 0                                           # bf16-exact already: nothing to do
+    assert inside == [c.text for c in common.generate(loaded, tok, chats, **sample)]
+    assert all(torch.equal(p, exact[n]) for n, p in pm.named_parameters())    # restored bit for bit
+
+
 def test_load_model_from_folder(tiny, tmp_path):
     model, tok = tiny
     model.save_pretrained(tmp_path / "m")
