@@ -68,7 +68,10 @@ def _run_folder(run):
     _adapter(m / "soup")
     _put(m / "soup" / "choice.json")
     _put(m / "done.json")
-    for f in ("val/rl0/metrics.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
+    for f in ("eval/rl0/metrics.json", "eval/rl0/result.json", "eval/rl0/done.json", "eval/rl0/samples.jsonl",
+              "eval/rl1/metrics.json", "eval/rl1/samples.jsonl", "eval/stdout.log", "eval_syn/rl0/metrics.json"):
+        _put(run / f)                           # eval cut after rl0 (rl1 unfinished), eval_syn begun
+    for f in ("val/rl0/metrics.json", "val/rl0/samples.jsonl", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
               "data2/stage0.jsonl", "data2/stage1.jsonl", "data2/result.json", "data3/stage2.jsonl"):
         _put(run / f)
 
@@ -82,6 +85,7 @@ SHIPPED = {
     "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
     "s2st/merge/tune/soup_lam1/tune_eval/metrics.json", "s2st/merge/tune/soup_lam1/tune_eval/done.json",
     "s2st/val/rl0/metrics.json", "s2st/val/done.json",
+    "s2st/eval/rl0/metrics.json", "s2st/eval/rl0/result.json", "s2st/eval/rl0/done.json",
     "s2st/sft1/log.jsonl", "s2st/sft1/result.json", "s2st/sft1/ckpt/step_000002/meta.json",
     "s2st/sft1/ckpt/step_000002/adapter/adapter_config.json",
     "s2st/sft1/ckpt/step_000002/adapter/adapter_model.safetensors",
@@ -94,7 +98,8 @@ def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monk
     """A cut SFT or RL stage ships its newest checkpoint without optimizer.pt (SFT: and its best validated adapter so
     far), the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small
     files, a done device-built data stage its stage2.jsonl and small files (not stages 0-1, data/'s rows, nor its
-    stdout), data/ and a cut data stage nothing. A cut SFT stage's result.json names its best only if written at the
+    stdout), data/ and a cut data stage nothing. An evaluation stage ships each finished model's small files but
+    samples.jsonl, also when the stage is cut (eval: rl0 finished, rl1 not; eval_syn: none finished). A cut SFT stage's result.json names its best only if written at the
     newest checkpoint (a deadline stop); after a kill every validated adapter up to the checkpoint goes."""
     run = tmp_path / "s2st"
     _run_folder(run)
@@ -365,6 +370,7 @@ if [ "$1" = chorus_mini.py ]; then
     case $1 in data*) ;; *) echo "$row" > $d/log.jsonl ;; esac
     echo "$1 ran"; shift
   done
+  for a in "$@"; do case $a in eval_models=*) echo "models ${a#*=}" ;; esac; done
   exit 0
 fi
 exec PYTHON "$@"
@@ -427,3 +433,34 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
         assert sorted(t.getnames()) == sorted(f"s2st/{s}/{f}" for s in ("rl0", "rl1", "rl2") for f in (
             "log.jsonl", "ckpt/step_000010/meta.json", "ckpt/step_000010/adapter/adapter_config.json",
             "ckpt/step_000010/adapter/adapter_model.safetensors"))
+
+
+def test_stage_words_with_models_evaluate_a_subset_each(tmp_path):
+    """STAGES="eval@rl0,rl1 eval_syn+eval@rl2" PARALLEL=1: each process runs its stages with --set eval_models=
+    its models, logs to a file named without @ and commas; without PARALLEL one such word does the same."""
+    repo, env = _stage_env(tmp_path)
+    out1, out2 = tmp_path / "out1", tmp_path / "out2"
+    out1.mkdir(), out2.mkdir()
+    _sh(repo, {**env, "OUT": str(out1), "PART": "stage", "STAGES": "eval@rl0,rl1 eval_syn+eval@rl2", "PARALLEL": "1",
+               "T": "20", "SHIP": "0"}, "bench/gpu/small2_run.sh")
+    with tarfile.open(out1 / "logs.tgz") as t:
+        logs = {m.name: t.extractfile(m).read().decode() for m in t.getmembers()}
+    assert logs["stage_eval_rl0_rl1.log"] == "eval ran\nmodels rl0,rl1\n"
+    assert logs["stage_eval_syn+eval_rl2.log"] == "eval_syn ran\neval ran\nmodels rl2\n"
+    assert {"eval_log.jsonl", "eval_syn_log.jsonl"} <= set(logs)
+    log = _sh(repo, {**env, "OUT": str(out2), "PART": "stage", "STAGES": "eval+eval_syn@merge", "T": "20",
+                     "SHIP": "0", "TAIL": "5"}, "bench/gpu/small2_run.sh")
+    assert "eval ran\neval_syn ran\nmodels merge" in log
+
+
+def test_ship_samples_packs_only_the_evaluations_samples(tmp_path):
+    """PART=ship_samples: the samples.jsonl that PART=ship leaves out (val, eval, eval_syn), and nothing else."""
+    repo = _repo_copy(tmp_path)
+    home, out = tmp_path / "home", tmp_path / "out"
+    out.mkdir()
+    _run_folder(home / "stage" / "runs" / "s2st")
+    _sh(repo, {**os.environ, "HOME": str(home), "OUT": str(out), "PART": "ship_samples"}, "bench/gpu/small2_run.sh")
+    with tarfile.open(out / "samples.tgz.part00") as t:
+        assert sorted(t.getnames()) == ["s2st/eval/rl0/samples.jsonl", "s2st/eval/rl1/samples.jsonl",
+                                        "s2st/val/rl0/samples.jsonl"]
+    assert (out / "samples.sha256").is_file()

@@ -21,7 +21,12 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
-- other stages (val, eval, eval_syn, compare, report): their small files when done, nothing otherwise.
+- evaluation stages (val, eval, eval_syn): one folder per model, each finished on its own (its done.json: an
+  `eval_models` subset, several side by side, or a session cut short): the finished models' small files, and the
+  stage's own when done; chorus_mini.py skips a finished model, so a later session evaluates only the rest. Not
+  samples.jsonl (~15 MB a model at n = 5 with 3 rounds; claims and compare read metrics.json's per-task table):
+  small2_run.sh PART=ship_samples packs those for the CPU box.
+- other stages (compare, report): their small files when done, nothing otherwise.
 Never: stdout logs, optimizer states, data/, a data stage not done, a deadline-stop marker (rundir.DEADLINE_MARKER).
 """
 import argparse
@@ -31,6 +36,7 @@ from pathlib import Path
 
 SMALL = (".json", ".jsonl", ".png")
 TRAINING = ("sft", "rl", "opd")
+EVALS = ("val", "eval", "eval_syn")
 
 
 def files_of(folder):
@@ -51,6 +57,9 @@ def stage_files(stage):
         return [p for p in files_of(stage) if keep(p)] if done and stage.name != "data" else []
     if stage.name == "merge":
         return [p for p in small_files(stage) if "tune_eval" in p.relative_to(stage).parts]
+    if stage.name in EVALS:
+        finished = {d for d in stage.iterdir() if (d / "done.json").is_file()}
+        return [p for p in small_files(stage) if p.name != "samples.jsonl" and (done or finished & set(p.parents))]
     if not stage.name.startswith(TRAINING):
         return small_files(stage) if done else []
     if done:

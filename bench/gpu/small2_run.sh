@@ -22,6 +22,11 @@
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s; the
 #                                                   training stages stop themselves, checkpointed, SLACK=25 s before
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
+#   PART=stage STAGES="eval@rl0,rl1 eval@rl2,merge" PARALLEL=1 ...   WORD@M1,M2: that process evaluates only those
+#                                                   models (--set eval_models=M1,M2; each model's folder is done on
+#                                                   its own, shipped as it finishes, skipped by later calls); without
+#                                                   PARALLEL, STAGES is one such word (e.g. "eval+eval_syn@rl0")
+#   PART=ship_samples ...                          the evaluations' samples.jsonl, which PART=ship leaves out (big)
 #   PART=stage STAGES="data2+sft2" ...                             a+b: one process that runs a, then b. data2 runs
 #                                                   alone: it does not resume, and beside rl0 and rl1 (session 14) it
 #                                                   had not finished after 1,030 s in two calls (alone: 373 s)
@@ -79,17 +84,20 @@ if [ "${PART:-}" = stage ]; then
   if [ "${PARALLEL:-0}" = 1 ]; then
     n=$(echo $STAGES | wc -w); w=$(( 14 / n > 2 ? 14 / n : 2 ))
     export CHORUS_GPU_CAP_GIB=${CAP_GIB:-$(( 130 / n ))}
-    setsid bash -c 'for s in '"$STAGES"'; do python3 chorus_mini.py run --profile '"$PROFILE"' --out '"$R"' --only ${s//+/ } \
-        "$@" --set sim_workers='"$w"' > '"$OUT"'/stage_$s.log 2>&1 & pids+=($!); done
+    setsid bash -c 'for s in '"$STAGES"'; do st=${s%%@*}; m=(); [ "$st" = "$s" ] || m=(--set "eval_models=${s#*@}")
+        python3 chorus_mini.py run --profile '"$PROFILE"' --out '"$R"' --only ${st//+/ } "$@" "${m[@]}" \
+        --set sim_workers='"$w"' > '"$OUT"'/stage_${s//[@,]/_}.log 2>&1 & pids+=($!); done
         rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc' _ "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
   else
-    setsid python3 chorus_mini.py run --profile $PROFILE --out $R --only ${STAGES//+/ } "${SETS[@]}" > $OUT/stage.log 2>&1 & P=$!
+    m=(); [ "$STAGES" = "${STAGES%%@*}" ] || m=(--set "eval_models=${STAGES#*@}")    # one word: eval@rl0,rl1
+    st=${STAGES%%@*}
+    setsid python3 chorus_mini.py run --profile $PROFILE --out $R --only ${st//+/ } "${SETS[@]}" "${m[@]}" > $OUT/stage.log 2>&1 & P=$!
   fi
   for i in $(seq ${T:-560}); do kill -0 $P 2>/dev/null || break; sleep 1; done
   kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-560} s"; }
   wait $P 2>/dev/null; echo "== rc $?"
   for f in $OUT/stage*.log; do echo "-- $f"; tail -${TAIL:-15} $f | cut -c1-300; done
-  for s in ${STAGES//+/ }; do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
+  for s in $(echo $STAGES | sed 's/@[^ ]*//g; s/+/ /g'); do [ -f $R/$s/log.jsonl ] && cp $R/$s/log.jsonl $OUT/${s}_log.jsonl; done
   # the logs as one file (a call returns 8 files at most), then the ship in the same call (SHIP=0: not): a machine
   # that goes cold before a separate PART=ship call loses the session's work (session 13 lost sft2 and 35 RL steps)
   (cd $OUT && shopt -s nullglob && f=(stage*.log *_log.jsonl) && tar czf logs.tgz "${f[@]}" && rm -f "${f[@]}")
@@ -122,6 +130,11 @@ if [ "${PART:-}" = ship ]; then
   else
     echo "ship: not packed: $why"
   fi
+fi
+if [ "${PART:-}" = ship_samples ]; then
+  # the evaluations' samples.jsonl (every answer and its scorer result), which PART=ship leaves out: CPU box only
+  pack samples bash -c "cd $S/runs && find s2st -path '*/val/*' -o -path '*/eval/*' -o -path '*/eval_syn/*' \
+    | grep '/samples.jsonl$' | tar czf - -T -"
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
