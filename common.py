@@ -740,20 +740,20 @@ def save_adapter(model, path, adapter_name="default"):
 
 @contextlib.contextmanager
 def as_saved(model):
-    """For the duration, every LoRA weight of `model` holds the value save_adapter stores (rounded to bf16);
-    afterwards the exact weights come back. A validation run inside it scores the adapter a later stage
-    loads, not the fp32 weights training holds (issue 21: the same adapter validated at the end of one stage
-    and at the start of the next gave other answers). Weights already bf16-exact (a loaded adapter) do not
-    change; nothing is copied for them."""
+    """For the duration, every LoRA weight of `model` (of every adapter) holds the value save_adapter stores
+    (rounded to bf16); afterwards, also after an error, the exact weights come back. A validation run inside it
+    scores the adapter a later stage loads, not the fp32 weights training holds (issue 21: in-training and
+    reloaded validations of one adapter gave other answers). A tensor already bf16-exact (a loaded adapter) is
+    left as it is and not kept. Yields the number of tensors rounded."""
     kept = []
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name and p.dtype != torch.bfloat16:
-                rounded = p.to(torch.bfloat16).to(p.dtype)
-                if not torch.equal(rounded, p):
-                    kept.append((p, p.detach().clone()))
-                    p.copy_(rounded)
     try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name and p.dtype != torch.bfloat16:
+                    rounded = p.to(torch.bfloat16).to(p.dtype)
+                    if not torch.equal(rounded, p):
+                        kept.append((p, p.detach().clone()))
+                        p.copy_(rounded)
         yield len(kept)
     finally:
         with torch.no_grad():

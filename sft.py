@@ -250,7 +250,7 @@ def validate_step(model, tok, step, *, val_encoded, val_lengths, val_tasks, val_
     mode it was in."""
     rec = {"step": step, "val": 1}
     was, cache = model.training, getattr(getattr(model, "config", None), "use_cache", None)
-    with onpolicy.keep_rng():
+    with onpolicy.keep_rng(), common.as_saved(model):      # the loss and the answers of the adapter as saved
         model.eval()
         try:
             if val_encoded:

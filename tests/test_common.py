@@ -180,10 +180,16 @@ def test_as_saved_holds_the_saved_weights_for_the_duration(tmp_path):
                 assert torch.equal(p, want), n
             assert torch.equal(pm(x).logits, loaded(x).logits)
             inside = [c.text for c in common.generate(pm, tok, chats, **sample)]
+            inside_fast = [c.text for c in common.generate(pm, tok, chats, fast=True, **sample)]   # GPU's path
         with common.as_saved(loaded) as unchanged:
             assert unchanged == 0                                           # bf16-exact already: nothing to do
     assert inside == [c.text for c in common.generate(loaded, tok, chats, **sample)]
+    assert inside_fast == [c.text for c in common.generate(loaded, tok, chats, fast=True, **sample)]
     assert all(torch.equal(p, exact[n]) for n, p in pm.named_parameters())    # restored bit for bit
+    with pytest.raises(RuntimeError, match="inside"):
+        with common.as_saved(pm):
+            raise RuntimeError("an error inside")
+    assert all(torch.equal(p, exact[n]) for n, p in pm.named_parameters())    # also after an error
 
 
 def test_load_model_from_folder(tiny, tmp_path):

@@ -407,8 +407,10 @@ def test_val_rows_at_the_expected_steps_and_val_loss_is_the_token_mean(rows, val
     assert [r["step"] for r in log if not r.get("val")] == list(range(1, 9))   # training rows as before
     assert all("loss" in r and "val/loss" not in r for r in log if not r.get("val"))
     assert log[0]["step"] == 0 and log[0]["val"] == 1                          # the baseline comes first
-    expected = set_loss(res["model"], tok, val_rows)
+    with common.as_saved(res["model"]):                 # validation scores the adapter as saved (bf16 weights)
+        expected = set_loss(res["model"], tok, val_rows)
     assert log[-1]["step"] == 8 and log[-1]["val/loss"] == pytest.approx(expected, abs=1e-5)
+    assert set_loss(res["model"], tok, val_rows) != pytest.approx(expected, abs=1e-6)   # the fp32 weights differ
     train = [r for r in log if not r.get("val")]
     o = res["outcome"]
     assert o["first_loss"] == train[0]["loss"] and o["last_step_loss"] == train[-1]["loss"]   # training-only
@@ -417,10 +419,10 @@ def test_val_rows_at_the_expected_steps_and_val_loss_is_the_token_mean(rows, val
     assert o["val_best_step"] == best["step"] and o["val_best_adapter"] == f"val_ckpt/step_{best['step']:06d}/adapter"
     for s in (0, 4, 8):
         assert (tmp_path / "epoch" / f"val_ckpt/step_{s:06d}/adapter/adapter_config.json").exists()
-    # the step-4 adapter reloads to the step-4 val loss (bf16 storage: a tolerance)
+    # the step-4 adapter reloads to the step-4 val loss: the validation scored the weights as saved
     base, _ = fresh()
     mid = common.load_adapter(base, str(tmp_path / "epoch" / "val_ckpt/step_000004/adapter"))
-    assert set_loss(mid, tok, val_rows) == pytest.approx(log[[r["step"] for r in log].index(4, 5)]["val/loss"], abs=0.05)
+    assert set_loss(mid, tok, val_rows) == pytest.approx(log[[r["step"] for r in log].index(4, 5)]["val/loss"], abs=1e-5)
     assert json.loads((tmp_path / "epoch" / "result.json").read_text())["outcome"]["val_best_step"] == o["val_best_step"]
 
     model, tok = fresh()

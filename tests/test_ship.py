@@ -71,7 +71,7 @@ def _run_folder(run):
     for f in ("eval/rl0/metrics.json", "eval/rl0/result.json", "eval/rl0/done.json", "eval/rl0/samples.jsonl",
               "eval/rl1/metrics.json", "eval/rl1/samples.jsonl", "eval/stdout.log", "eval_syn/rl0/metrics.json"):
         _put(run / f)                           # eval cut after rl0 (rl1 unfinished), eval_syn begun
-    for f in ("val/rl0/metrics.json", "val/rl0/samples.jsonl", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
+    for f in ("val/rl0/metrics.json", "val/rl0/samples.jsonl", "val/rl0/done.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
               "data2/stage0.jsonl", "data2/stage1.jsonl", "data2/result.json", "data3/stage2.jsonl"):
         _put(run / f)
 
@@ -84,7 +84,7 @@ SHIPPED = {
     "s2st/rl0/ckpt/step_000020/meta.json", "s2st/rl0/ckpt/step_000020/adapter/adapter_config.json",
     "s2st/rl0/ckpt/step_000020/adapter/adapter_model.safetensors",
     "s2st/merge/tune/soup_lam1/tune_eval/metrics.json", "s2st/merge/tune/soup_lam1/tune_eval/done.json",
-    "s2st/val/rl0/metrics.json", "s2st/val/done.json",
+    "s2st/val/rl0/metrics.json", "s2st/val/rl0/done.json", "s2st/val/done.json",
     "s2st/eval/rl0/metrics.json", "s2st/eval/rl0/result.json", "s2st/eval/rl0/done.json",
     "s2st/sft1/log.jsonl", "s2st/sft1/result.json", "s2st/sft1/ckpt/step_000002/meta.json",
     "s2st/sft1/ckpt/step_000002/adapter/adapter_config.json",
@@ -454,13 +454,25 @@ def test_stage_words_with_models_evaluate_a_subset_each(tmp_path):
 
 
 def test_ship_samples_packs_only_the_evaluations_samples(tmp_path):
-    """PART=ship_samples: the samples.jsonl that PART=ship leaves out (val, eval, eval_syn), and nothing else."""
+    """PART=ship_samples: the samples.jsonl that PART=ship leaves out (val, eval, eval_syn) of the finished models
+    (eval/rl1 has none: unfinished), and nothing else."""
     repo = _repo_copy(tmp_path)
     home, out = tmp_path / "home", tmp_path / "out"
     out.mkdir()
     _run_folder(home / "stage" / "runs" / "s2st")
     _sh(repo, {**os.environ, "HOME": str(home), "OUT": str(out), "PART": "ship_samples"}, "bench/gpu/small2_run.sh")
     with tarfile.open(out / "samples.tgz.part00") as t:
-        assert sorted(t.getnames()) == ["s2st/eval/rl0/samples.jsonl", "s2st/eval/rl1/samples.jsonl",
-                                        "s2st/val/rl0/samples.jsonl"]
+        assert sorted(t.getnames()) == ["s2st/eval/rl0/samples.jsonl", "s2st/val/rl0/samples.jsonl"]
     assert (out / "samples.sha256").is_file()
+
+
+@pytest.mark.parametrize("stages,parallel,why", [
+    ("rl0@rl0", "1", "subsets eval and eval_syn only"), ("val@rl0", "1", "subsets eval and eval_syn only"),
+    ("eval@rl0 eval_syn@rl1", "0", "takes one word"), ("merge+eval@soup merge+eval@ties", "1", "merge in two words")])
+def test_bad_stage_words_end_in_one_line_before_anything_runs(tmp_path, stages, parallel, why):
+    repo, env = _stage_env(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run(["bash", "bench/gpu/small2_run.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                       env={**env, "OUT": str(out), "PART": "stage", "STAGES": stages, "PARALLEL": parallel, "T": "5"})
+    assert p.returncode == 2 and why in p.stdout and "ran" not in p.stdout and not list(out.iterdir())

@@ -21,10 +21,11 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
 - merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
   ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
   evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
-- evaluation stages (val, eval, eval_syn): one folder per model, each finished on its own (its done.json: an
-  `eval_models` subset, several side by side, or a session cut short): the finished models' small files, and the
-  stage's own when done; chorus_mini.py skips a finished model, so a later session evaluates only the rest. Not
-  samples.jsonl (~15 MB a model at n = 5 with 3 rounds; claims and compare read metrics.json's per-task table):
+- evaluation stages (val, eval, eval_syn): one folder per model, each finished on its own (its done.json; eval and
+  eval_syn also take `eval_models` subsets, several side by side; any of them may be cut with the session): the
+  finished models' small files, and the stage's own when done; chorus_mini.py skips a finished model, so a later
+  session evaluates only the rest (a merged model after `merge` again: merges are recomputed, not shipped). Not
+  samples.jsonl (several MB a model at n = 5 with 3 rounds; claims and compare read metrics.json's per-task table):
   small2_run.sh PART=ship_samples packs those for the CPU box.
 - other stages (compare, report): their small files when done, nothing otherwise.
 Never: stdout logs, optimizer states, data/, a data stage not done, a deadline-stop marker (rundir.DEADLINE_MARKER).

@@ -22,11 +22,20 @@
 #   PART=stage STAGES="sft0" T=560 bash bench/gpu/small2_run.sh    chorus_mini.py run --only STAGES, cut at T s; the
 #                                                   training stages stop themselves, checkpointed, SLACK=25 s before
 #   PART=stage STAGES="rl0 rl1 rl2" PARALLEL=1 ...                  the stages side by side, one process each
-#   PART=stage STAGES="eval@rl0,rl1 eval@rl2,merge" PARALLEL=1 ...   WORD@M1,M2: that process evaluates only those
-#                                                   models (--set eval_models=M1,M2; each model's folder is done on
-#                                                   its own, shipped as it finishes, skipped by later calls); without
-#                                                   PARALLEL, STAGES is one such word (e.g. "eval+eval_syn@rl0")
-#   PART=ship_samples ...                          the evaluations' samples.jsonl, which PART=ship leaves out (big)
+#   PART=stage STAGES="eval@base,sft0,rl0 merge+eval@soup,ties" PARALLEL=1 ...   WORD@M1,M2: that process evaluates
+#                                                   only those models (--set eval_models=M1,M2, names as in
+#                                                   chorus_mini.py's model_adapters; only eval and eval_syn take it,
+#                                                   val always runs all three experts); each model's folder is done
+#                                                   on its own, shipped as it finishes and skipped by later calls.
+#                                                   Merged models need `merge+` in the same process (one word
+#                                                   only): merges are not shipped, so each session recomputes
+#                                                   them, also the one whose full `eval` run (no @) writes
+#                                                   eval/done.json for compare. Without PARALLEL, STAGES is one
+#                                                   such word ("eval+eval_syn@rl0")
+#   PART=ship_samples ...                          the finished evaluations' samples.jsonl, which PART=ship leaves out
+#                                                  (several MB a model), as samples.tgz.partNN; packed once per
+#                                                  session (SHIP_NEW=1 packs again; fails when none has finished).
+#                                                  CPU box: check samples.sha256, untar into the ignored runs/
 #   PART=stage STAGES="data2+sft2" ...                             a+b: one process that runs a, then b. data2 runs
 #                                                   alone: it does not resume, and beside rl0 and rl1 (session 14) it
 #                                                   had not finished after 1,030 s in two calls (alone: 373 s)
@@ -78,6 +87,15 @@ if [ "${PART:-}" = stage ]; then
   # 130 / the number of processes, words of STAGES) through $CHORUS_GPU_CAP_GIB: each sizes its batches to the
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
+  bad() { echo "small2_run: $*"; exit 2; }
+  for s in $STAGES; do      # WORD@MODELS: eval and eval_syn only; without PARALLEL one word at most
+    st=${s%%@*}; [ "$st" = "$s" ] && continue
+    for x in ${st//+/ }; do
+      case $x in eval|eval_syn|merge) ;; *) bad "$s: @MODELS subsets eval and eval_syn only (merge+ may precede)";; esac
+    done
+    [ "${PARALLEL:-0}" = 1 ] || [ "$(echo $STAGES | wc -w)" = 1 ] || bad "without PARALLEL=1, @MODELS takes one word"
+  done
+  [ "$(echo $STAGES | tr ' +@' '\n\n\n' | grep -c '^merge$')" -le 1 ] || bad "merge in two words: two processes would write one merge folder"
   # sft.py, rl.py and distill.py stop between steps, checkpointed, SLACK s before the cut ($CHORUS_DEADLINE, exit 75):
   # a kill at T would lose every step since the last --save-every checkpoint (session 14 lost 27 of 87 RL steps so)
   export CHORUS_DEADLINE=$(( $(date +%s) + ${T:-560} - ${SLACK:-25} ))
@@ -133,8 +151,8 @@ if [ "${PART:-}" = ship ]; then
 fi
 if [ "${PART:-}" = ship_samples ]; then
   # the evaluations' samples.jsonl (every answer and its scorer result), which PART=ship leaves out: CPU box only
-  pack samples bash -c "cd $S/runs && find s2st -path '*/val/*' -o -path '*/eval/*' -o -path '*/eval_syn/*' \
-    | grep '/samples.jsonl$' | tar czf - -T -"
+  pack samples bash -c "set -o pipefail; cd $S/runs && for f in s2st/{val,eval,eval_syn}/*/samples.jsonl; do \
+    if [ -f \${f%/*}/done.json ]; then echo \$f; fi; done | grep . | tar czf - -T -"
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
