@@ -460,6 +460,7 @@ def test_ship_samples_packs_only_the_evaluations_samples(tmp_path):
     home, out = tmp_path / "home", tmp_path / "out"
     out.mkdir()
     _run_folder(home / "stage" / "runs" / "s2st")
+    _put(home / "stage" / "runs" / "s2st" / "eval_syn" / "rl2" / "done.json")   # restored: finished, no samples
     _sh(repo, {**os.environ, "HOME": str(home), "OUT": str(out), "PART": "ship_samples"}, "bench/gpu/small2_run.sh")
     with tarfile.open(out / "samples.tgz.part00") as t:
         assert sorted(t.getnames()) == ["s2st/eval/rl0/samples.jsonl", "s2st/val/rl0/samples.jsonl"]
@@ -475,4 +476,14 @@ def test_bad_stage_words_end_in_one_line_before_anything_runs(tmp_path, stages, 
     out.mkdir()
     p = subprocess.run(["bash", "bench/gpu/small2_run.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
                        env={**env, "OUT": str(out), "PART": "stage", "STAGES": stages, "PARALLEL": parallel, "T": "5"})
-    assert p.returncode == 2 and why in p.stdout and "ran" not in p.stdout and not list(out.iterdir())
+    assert p.returncode == 2 and why in p.stdout and not list(out.iterdir())       # nothing ran, nothing came back
+
+
+def test_ship_samples_with_no_finished_evaluation_says_so_and_fails(tmp_path):
+    repo = _repo_copy(tmp_path)
+    home, out = tmp_path / "home", tmp_path / "out"
+    out.mkdir()
+    _put(home / "stage" / "runs" / "s2st" / "eval" / "rl0" / "done.json")       # finished, restored: no samples
+    p = subprocess.run(["bash", "bench/gpu/small2_run.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HOME": str(home), "OUT": str(out), "PART": "ship_samples"})
+    assert p.returncode == 1 and "pack samples: failed" in p.stdout and not list(out.iterdir())

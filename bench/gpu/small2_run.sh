@@ -34,7 +34,7 @@
 #                                                   such word ("eval+eval_syn@rl0")
 #   PART=ship_samples ...                          the finished evaluations' samples.jsonl, which PART=ship leaves out
 #                                                  (several MB a model), as samples.tgz.partNN; packed once per
-#                                                  session (SHIP_NEW=1 packs again; fails when none has finished).
+#                                                  session (SHIP_NEW=1 packs again; exit 1 when none has finished).
 #                                                  CPU box: check samples.sha256, untar into the ignored runs/
 #   PART=stage STAGES="data2+sft2" ...                             a+b: one process that runs a, then b. data2 runs
 #                                                   alone: it does not resume, and beside rl0 and rl1 (session 14) it
@@ -93,9 +93,10 @@ if [ "${PART:-}" = stage ]; then
     for x in ${st//+/ }; do
       case $x in eval|eval_syn|merge) ;; *) bad "$s: @MODELS subsets eval and eval_syn only (merge+ may precede)";; esac
     done
-    [ "${PARALLEL:-0}" = 1 ] || [ "$(echo $STAGES | wc -w)" = 1 ] || bad "without PARALLEL=1, @MODELS takes one word"
+    [ "${PARALLEL:-0}" = 1 ] || [ "$(echo $STAGES | wc -w)" = 1 ] || bad "without PARALLEL=1, @MODELS takes one word (merge+eval@soup)"
   done
-  [ "$(echo $STAGES | tr ' +@' '\n\n\n' | grep -c '^merge$')" -le 1 ] || bad "merge in two words: two processes would write one merge folder"
+  [ "${PARALLEL:-0}" = 1 ] && [ "$(echo $STAGES | tr ' +@' '\n\n\n' | grep -c '^merge$')" -gt 1 ] \
+    && bad "merge in two words: two processes would write one merge folder"
   # sft.py, rl.py and distill.py stop between steps, checkpointed, SLACK s before the cut ($CHORUS_DEADLINE, exit 75):
   # a kill at T would lose every step since the last --save-every checkpoint (session 14 lost 27 of 87 RL steps so)
   export CHORUS_DEADLINE=$(( $(date +%s) + ${T:-560} - ${SLACK:-25} ))
@@ -151,8 +152,8 @@ if [ "${PART:-}" = ship ]; then
 fi
 if [ "${PART:-}" = ship_samples ]; then
   # the evaluations' samples.jsonl (every answer and its scorer result), which PART=ship leaves out: CPU box only
-  pack samples bash -c "set -o pipefail; cd $S/runs && for f in s2st/{val,eval,eval_syn}/*/samples.jsonl; do \
-    if [ -f \${f%/*}/done.json ]; then echo \$f; fi; done | grep . | tar czf - -T -"
+  pack samples bash -c "set -o pipefail; shopt -s nullglob; cd $S/runs && for f in s2st/{val,eval,eval_syn}/*/samples.jsonl; do \
+    if [ -f \"\${f%/*}/done.json\" ]; then echo \"\$f\"; fi; done | grep . | tar czf - -T -" || exit 1
 fi
 if [ "${PART:-}" = ship_val ]; then
   # every validated SFT adapter, for the CPU box only (stopping-point choice, results/small2/)
