@@ -18,7 +18,8 @@ and K frozen "teacher<i>" adapters. Per step:
  4. One clipped policy-gradient update (rl.dapo_loss); RL and OPD tokens are token-averaged
     separately and the two means summed (slime's policy_loss_function).
 
-Rollouts, scoring and log-probs come from onpolicy.py (shared with rl.py), the advantages and the
+Rollouts, scoring, log-probs and the prompt-length filter (the same tasks as RL: --max-prompt-tokens) come
+from onpolicy.py (shared with rl.py), the advantages and the
 optimizer step (compute_advantages, train_on_batch) from rl.py, checkpoints and logs from rundir.py.
 This file owns the teacher scoring, the pure gate, and the distillation advantage.
 
@@ -341,6 +342,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         tasks = sim.load_tasks(args.tasks)
     val_tasks = onpolicy.load_val_tasks(args)          # None: no validation
     model, tok = build_models(args, student, teachers)
+    tasks = onpolicy.filter_long_prompts(tasks, tok, model, args)   # as rl.py: prompts that fit both rounds
     names = [teacher_name(i) for i in range(len(teachers))]
     optimizer = onpolicy.make_optimizer(model, args.lr)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -656,6 +656,28 @@ def add_rollout_args(p):
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers per process (None: its share of the cores)")
     p.add_argument("--sim-timeout", type=float, default=20.0,
                    help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0,
+                   help="skip tasks with longer round-1 prompts; 0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
+
+
+def filter_long_prompts(tasks, tok, model, args):
+    """Drop tasks whose round-1 prompt is too long for the context (rl.py and distill.py alike): the round-2
+    prompt adds one answer (<= max_new_tokens) and the feedback, and then generates another max_new_tokens.
+    --max-prompt-tokens 0 derives the limit from the model's max_position_embeddings."""
+    limit, why = args.max_prompt_tokens, "--max-prompt-tokens"
+    if limit == 0:
+        ctx = getattr(model.config, "max_position_embeddings", None) or 32768
+        limit = max(256, ctx - args.rounds * args.max_new_tokens - 1024)
+        why = f"context {ctx} - {args.rounds} rounds x {args.max_new_tokens} new tokens - 1024, at least 256"
+    if limit < 0:
+        return tasks
+    mode = getattr(args, "answer_mode", "testbench")          # the round-1 prompt of the answer mode
+    kept = [t for t in tasks if len(common.chat_ids(tok, harness.first_messages(t, mode))) <= limit]
+    print(f"prompt filter: {len(kept)}/{len(tasks)} tasks have <= {limit} prompt tokens ({why})")
+    if not kept:
+        raise SystemExit(f"no task has a prompt of <= {limit} tokens ({why}): lower --max-new-tokens "
+                         "or set --max-prompt-tokens")
+    return kept
 
 
 def make_scorer(args):

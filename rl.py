@@ -54,13 +54,12 @@ from tqdm import tqdm
 
 import common
 import dist
-import harness
 import rundir
 import sim
 from onpolicy import (add_rollout_args, add_runtime_args, build_policy, check_best, collect_groups, deadline_near,
-                      derive_seed, load_val_tasks, make_model_source, make_optimizer, make_scorer, micro_batches,
-                      micro_tokens, per_token_logps, release_fast_default, rollout_metrics, use_adapter, val_summary,
-                      validate_step)
+                      derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer, make_scorer,
+                      micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics, use_adapter,
+                      val_summary, validate_step)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -274,26 +273,6 @@ PLOT_KEYS = ["reward", "val/reward", "reward_max", ("reward_r1", "reward_r2"), "
              "grad_norm", ("t_gen", "t_sim", "t_train")]
 
 
-def filter_long_prompts(tasks, tok, model, args):
-    """Drop tasks whose round-1 prompt is too long for the context: the round-2 prompt adds one
-    answer (<= max_new_tokens) and the feedback, and then generates another max_new_tokens.
-    --max-prompt-tokens 0 derives the limit from the model's max_position_embeddings."""
-    limit, why = args.max_prompt_tokens, "--max-prompt-tokens"
-    if limit == 0:
-        ctx = getattr(model.config, "max_position_embeddings", None) or 32768
-        limit = max(256, ctx - args.rounds * args.max_new_tokens - 1024)
-        why = f"context {ctx} - {args.rounds} rounds x {args.max_new_tokens} new tokens - 1024, at least 256"
-    if limit < 0:
-        return tasks
-    mode = getattr(args, "answer_mode", "testbench")          # the round-1 prompt of the answer mode
-    kept = [t for t in tasks if len(common.chat_ids(tok, harness.first_messages(t, mode))) <= limit]
-    print(f"prompt filter: {len(kept)}/{len(tasks)} tasks have <= {limit} prompt tokens ({why})")
-    if not kept:
-        raise SystemExit(f"no task has a prompt of <= {limit} tokens ({why}): lower --max-new-tokens "
-                         "or set --max-prompt-tokens")
-    return kept
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -313,8 +292,6 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="groups per prompt: round 1 + worst-state refinements (paper: 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="response cap (profile: paper 16384, small 1024)")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature (paper: 1.0)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0,
-                   help="skip tasks with longer round-1 prompts; 0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
     add_rollout_args(p)
     # Objective
     p.add_argument("--lr", type=float, default=2e-5, help="constant LR; LoRA needs more than the paper's 1e-6 full FT: pick by experiment (1e-5..5e-5)")

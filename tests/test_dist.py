@@ -86,7 +86,7 @@ def opd_args(paths, out, *extra):
     return distill.parse_args(["--model", "tiny", "--student", paths["student"], "--teachers", paths["t0"], paths["t1"],
                                "--tasks", "unused", "--out", str(out), "--seed", str(SEED), "--lr", "1e-2",
                                "--steps", "1", "--prompts-per-step", "3", "--group-size", "2", "--on-fail", "rl",
-                               "--plot-every", "0", "--no-gradient-checkpointing", *extra])
+                               "--plot-every", "0", "--no-gradient-checkpointing", "--max-prompt-tokens", "-1", *extra])
 
 
 def chat(i):

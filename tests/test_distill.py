@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import common
 import distill
+import harness
 import onpolicy
 import rl
 import rundir
@@ -147,7 +148,7 @@ SEED = EXPERTS_SEED   # distill.py builds its tiny base with --seed; the `expert
 def _args(paths, out, *extra):
     return distill.parse_args(["--model", "tiny", "--student", paths["student"], "--teachers", paths["t0"],
                                paths["t1"], "--tasks", "unused", "--out", str(out), "--seed", str(SEED),
-                               "--lr", "1e-2", "--no-gradient-checkpointing", *extra])
+                               "--lr", "1e-2", "--no-gradient-checkpointing", "--max-prompt-tokens", "-1", *extra])
 
 
 def _trainable(path):
@@ -450,6 +451,34 @@ def test_cursor_start_continues_after_the_prompts_rl_used(experts, tmp_path):
     distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
                       "--cursor-start", "2"), source=recording_source, teacher_source=teacher_source, tasks=tasks)
     assert seen == [(2, [x, y])]
+
+
+def test_prompts_too_long_for_both_rounds_are_dropped_as_in_rl(experts, tmp_path, capsys):
+    """distill.py filters the task pool as rl.py does (onpolicy.filter_long_prompts): a task whose round-1 prompt
+    is over --max-prompt-tokens never reaches a rollout, and the same tasks stay for both scripts."""
+    paths, _, tok = experts
+    design = "module a(input x); endmodule"
+    short = [{"id": f"s{i}", "rtl_files": [{"name": "a.sv", "content": design}], "spec_files": [],
+              "dut_module_name": "a", "dut_instance_name": "dut", "instruction": f"test a, case {i}"} for i in range(3)]
+    long = {**short[0], "id": "long", "instruction": "test a " + "in every corner " * 200}
+    sizes = {t["id"]: len(common.chat_ids(tok, harness.first_messages(t, "testbench"))) for t in short + [long]}
+    limit = max(sizes[t["id"]] for t in short)
+    assert sizes["long"] > limit + 100
+    tasks, seen = short[:2] + [long] + short[2:], []
+    _, _, table = _gate_table()
+    ids = [t["id"] for t in tasks]
+    source, teacher_source = _scripted_sources(tok, {(k, r): table[(q, r)] for k, q in zip(ids, "abcd") for r in (1, 2)})
+
+    def recording_source(model, tok_, step_tasks, *, step, first_index):
+        seen.extend(t["id"] for t in step_tasks)
+        return source(model, tok_, step_tasks, step=step, first_index=first_index)
+    distill.run(_args(paths, tmp_path / "run", "--steps", "2", "--prompts-per-step", "3", "--group-size", "2",
+                      "--max-prompt-tokens", str(limit)), source=recording_source, teacher_source=teacher_source,
+                tasks=tasks)
+    assert sorted(seen) == ["s0", "s0", "s1", "s1", "s2", "s2"]        # two passes over the three that fit
+    assert f"prompt filter: 3/4 tasks have <= {limit} prompt tokens (--max-prompt-tokens)" in capsys.readouterr().out
+    args = rl.parse_args(["--tasks", "x", "--out", str(tmp_path / "rl"), "--max-prompt-tokens", str(limit)])
+    assert [t["id"] for t in onpolicy.filter_long_prompts(tasks, tok, None, args)] == ["s0", "s1", "s2"]
 
 
 # -----------------------------------------------------------------------------
