@@ -224,6 +224,7 @@ PROFILES["small"] = {
     "rl_profile": "small",     # dynamic sampling on: a weak model makes many all-zero groups
     "merge_space": "delta",    # the methods as defined, on the real task vectors; the SVD error is reported
     "merge_device": "cuda",
+    "merge_rank": 576,         # SmolLM2's full rank: exact (rank 48: rel. error 0.21-0.43, small2_run.md); 336 MB
     "merge_lams": [0.5, 1.0, 1.5],  # issue 21: each merge's lambda chosen on the tuning split (15 candidates)
     "tune_n": 2,
     "rl_steps": 20,            # 8 prompts x G 4 x 2 rounds = 64 rollouts per step
