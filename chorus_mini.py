@@ -666,8 +666,8 @@ def merge_cmd(c, o, name, lam=None, out=None):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     out = out or o / "merge" / name
     return Cmd(["python", "merge.py", "--method", *MERGES[name], "--adapters", *experts, "--out", rel(out),
-                *opts(space=c["merge_space"], rank=c["merge_rank"], density=c["merge_density"], seed=c["seed"],
-                      device=c["merge_device"], lam=lam)],
+                *opts(space=c["merge_space"], rank=None if name == "soup" else c["merge_rank"],   # soup: exact concat
+                      density=c["merge_density"], seed=c["seed"], device=c["merge_device"], lam=lam)],
                done=out / "done.json")
 
 

@@ -19,8 +19,8 @@ and K frozen "teacher<i>" adapters. Per step:
     separately and the two means summed (slime's policy_loss_function).
 
 Rollouts, scoring, log-probs and the prompt-length filter (the same tasks as RL: --max-prompt-tokens) come
-from onpolicy.py (shared with rl.py), the advantages and the
-optimizer step (compute_advantages, train_on_batch) from rl.py, checkpoints and logs from rundir.py.
+from onpolicy.py (shared with rl.py), the advantages and the optimizer step (compute_advantages,
+train_on_batch) from rl.py, checkpoints and logs from rundir.py.
 This file owns the teacher scoring, the pure gate, and the distillation advantage.
 
 Validation (--val-tasks, off by default) works as in rl.py (onpolicy.validate_step): the student's direct

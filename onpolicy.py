@@ -656,8 +656,8 @@ def add_rollout_args(p):
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers per process (None: its share of the cores)")
     p.add_argument("--sim-timeout", type=float, default=20.0,
                    help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0,
-                   help="skip tasks with longer round-1 prompts; 0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="skip tasks with longer round-1 prompts; "
+                   "0 = context - rounds x max-new-tokens - 1024; -1 = keep all")
 
 
 def filter_long_prompts(tasks, tok, model, args):

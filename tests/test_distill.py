@@ -467,7 +467,8 @@ def test_prompts_too_long_for_both_rounds_are_dropped_as_in_rl(experts, tmp_path
     tasks, seen = short[:2] + [long] + short[2:], []
     _, _, table = _gate_table()
     ids = [t["id"] for t in tasks]
-    source, teacher_source = _scripted_sources(tok, {(k, r): table[(q, r)] for k, q in zip(ids, "abcd") for r in (1, 2)})
+    rows = {(k, r): table[(q, r)] for k, q in zip(ids, "abcd") for r in (1, 2)}    # the gate table's rewards
+    source, teacher_source = _scripted_sources(tok, rows)
 
     def recording_source(model, tok_, step_tasks, *, step, first_index):
         seen.extend(t["id"] for t in step_tasks)
@@ -479,6 +480,15 @@ def test_prompts_too_long_for_both_rounds_are_dropped_as_in_rl(experts, tmp_path
     assert f"prompt filter: 3/4 tasks have <= {limit} prompt tokens (--max-prompt-tokens)" in capsys.readouterr().out
     args = rl.parse_args(["--tasks", "x", "--out", str(tmp_path / "rl"), "--max-prompt-tokens", str(limit)])
     assert [t["id"] for t in onpolicy.filter_long_prompts(tasks, tok, None, args)] == ["s0", "s1", "s2"]
+    # 0 (the pipeline's default): the limit from the student's context, 8192 - 2 rounds x new tokens - 1024
+    new = (8192 - 1024 - limit) // 2
+    seen.clear()
+    distill.run(_args(paths, tmp_path / "ctx", "--steps", "1", "--prompts-per-step", "3", "--group-size", "2",
+                      "--max-prompt-tokens", "0", "--max-new-tokens", str(new)),
+                source=recording_source, teacher_source=teacher_source, tasks=tasks)
+    assert sorted(seen) == ["s0", "s1", "s2"]
+    assert f"prompt filter: 3/4 tasks have <= {8192 - 2 * new - 1024} prompt tokens (context 8192 - 2 rounds" \
+        in capsys.readouterr().out
 
 
 # -----------------------------------------------------------------------------

@@ -408,6 +408,13 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
     c1 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
     assert all("pick-merge" not in [str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c1, o, "M"))
     assert cm.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]
+    # the small profile merges at SmolLM2's full rank (exact); the soup never takes --rank: its exact form is
+    # the concatenation of the experts' factors (rank 48), which an SVD at --rank 576 would only pad with zeros
+    small = {a[a.index("--out") + 1].rsplit("/", 1)[1]: a for a in
+             ([str(x) for x in cmd.argv] for cmd in cm.merge_cmds(cm.PROFILES["small"], o, "M"))
+             if a[1] == "merge.py" and "--rescale" not in a}
+    assert "--rank" not in small["soup_lam1"] and len(small) == 5
+    assert all(a[a.index("--rank") + 1] == "576" for k, a in small.items() if k != "soup_lam1")
 
 
 def test_a_run_folder_older_than_tune_source_dev_is_a_clear_error(tmp_path):
