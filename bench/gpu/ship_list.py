@@ -18,9 +18,10 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
   checkpoint's step (a deadline stop), else every validated adapter up to that step (a kill leaves an older
   result): sft2 (567 steps, ~10 min alone) did not fit the calls of session 15, whose machine went cold with 362
   steps done and nothing shipped.
-- merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 48,
-  ~30 MB each) are recomputed from the experts when the next session runs `--only merge`: merge.py is seeded, the
-  evaluated candidates are not evaluated again, and pick-merge picks again from the same scores.
+- merge: its candidates' tuning evaluations (tune/*/tune_eval/, small files) only. The merges themselves (rank 576 in
+  the small profile, ~335 MiB each; the soup rank 48) are recomputed from the experts when the next session runs
+  `--only merge`: merge.py is seeded, the evaluated candidates are not evaluated again, and pick-merge picks again
+  from the same scores.
 - evaluation stages (val, eval, eval_syn): one folder per model, each finished on its own (its done.json; eval and
   eval_syn also take `eval_models` subsets, several side by side; any of them may be cut with the session): the
   finished models' small files, and the stage's own when done; chorus_mini.py skips a finished model, so a later
