@@ -777,11 +777,10 @@ def rescale_merge(src, out_dir, lam):
               "timings_s": {"rescale": round(time.time() - t0, 3)}}
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     config = {k: report[k] for k in ("method", "space", "adapters", "params")} | {"rescaled_from": str(src)}
-    # B x factor scales the merged delta and its SVD residual alike: the source's rank and relative errors hold
-    src_outcome = (json.loads((src / "result.json").read_text()).get("outcome") or {}) \
-        if (src / "result.json").is_file() else {}
+    # the outcome merge_adapters writes, from the source's report (B x factor scales the merged delta and its SVD
+    # residual alike: the rank and relative errors hold), with the lambda and the factor
     rundir.write_result(out_dir, config, {"timings_s": report["timings_s"]},
-                        {**{k: v for k, v in src_outcome.items() if k != "factor"}, "lam": lam, "factor": factor})
+                        {**report["summary"], "r": report["output"]["r"], "lam": lam, "factor": factor})
     rundir.write_done(out_dir, "merge.py", {"adapter": ADAPTER_FILE, "report": REPORT_FILE, "result": "result.json"})
     print(f"merge.py: {out_dir} = {src} at lambda {lam:g} (B x {factor:g})")
     return report
