@@ -436,17 +436,19 @@ def test_a_parallel_stage_call_caps_each_process_and_ships_in_the_same_call(tmp_
 
 
 def test_stage_words_with_models_evaluate_a_subset_each(tmp_path):
-    """STAGES="eval@rl0,rl1 eval_syn+eval@rl2" PARALLEL=1: each process runs its stages with --set eval_models=
-    its models, logs to a file named without @ and commas; without PARALLEL one such word does the same."""
+    """STAGES="eval@rl0,rl1 eval_syn+eval@rl2 opd+eval@base" PARALLEL=1: each process runs its stages with --set
+    eval_models= its models, logs to a file named without @ and commas (a training stage may come first: it ignores
+    the subset); without PARALLEL one such word does the same."""
     repo, env = _stage_env(tmp_path)
     out1, out2 = tmp_path / "out1", tmp_path / "out2"
     out1.mkdir(), out2.mkdir()
-    _sh(repo, {**env, "OUT": str(out1), "PART": "stage", "STAGES": "eval@rl0,rl1 eval_syn+eval@rl2", "PARALLEL": "1",
-               "T": "20", "SHIP": "0"}, "bench/gpu/small2_run.sh")
+    _sh(repo, {**env, "OUT": str(out1), "PART": "stage", "STAGES": "eval@rl0,rl1 eval_syn+eval@rl2 opd+eval@base",
+               "PARALLEL": "1", "T": "20", "SHIP": "0"}, "bench/gpu/small2_run.sh")
     with tarfile.open(out1 / "logs.tgz") as t:
         logs = {m.name: t.extractfile(m).read().decode() for m in t.getmembers()}
     assert logs["stage_eval_rl0_rl1.log"] == "eval ran\nmodels rl0,rl1\n"
     assert logs["stage_eval_syn+eval_rl2.log"] == "eval_syn ran\neval ran\nmodels rl2\n"
+    assert logs["stage_opd+eval_base.log"] == "opd ran\neval ran\nmodels base\n"
     assert {"eval_log.jsonl", "eval_syn_log.jsonl"} <= set(logs)
     log = _sh(repo, {**env, "OUT": str(out2), "PART": "stage", "STAGES": "eval+eval_syn@merge", "T": "20",
                      "SHIP": "0", "TAIL": "5"}, "bench/gpu/small2_run.sh")
@@ -469,6 +471,7 @@ def test_ship_samples_packs_only_the_evaluations_samples(tmp_path):
 
 @pytest.mark.parametrize("stages,parallel,why", [
     ("rl0@rl0", "1", "subsets eval and eval_syn only"), ("val@rl0", "1", "subsets eval and eval_syn only"),
+    ("eval+opd@rl0", "1", "subsets eval and eval_syn only"),
     ("eval@rl0 eval_syn@rl1", "0", "takes one word"), ("merge+eval@soup merge+eval@ties", "1", "merge in two words")])
 def test_bad_stage_words_end_in_one_line_before_anything_runs(tmp_path, stages, parallel, why):
     repo, env = _stage_env(tmp_path)

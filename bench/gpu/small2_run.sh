@@ -25,7 +25,8 @@
 #   PART=stage STAGES="eval@base,sft0,rl0 merge+eval@soup,ties" PARALLEL=1 ...   WORD@M1,M2: that process evaluates
 #                                                   only those models (--set eval_models=M1,M2, names as in
 #                                                   chorus_mini.py's model_adapters; only eval and eval_syn take it,
-#                                                   val always runs all three experts); each model's folder is done
+#                                                   and the word ends in one of them: opd+eval@rl0 trains, then
+#                                                   evaluates; val always runs all three experts); each model's folder is done
 #                                                   on its own, shipped as it finishes and skipped by later calls.
 #                                                   Merged models need `merge+` in the same process (one word
 #                                                   only): merges are not shipped, so each session recomputes
@@ -89,11 +90,9 @@ if [ "${PART:-}" = stage ]; then
   # memory it sees free, so uncapped the first to start takes most of the card and the others run out (session 13).
   : "${STAGES:?STAGES=...}"
   bad() { echo "small2_run: $*"; exit 2; }
-  for s in $STAGES; do      # WORD@MODELS: eval and eval_syn only; without PARALLEL one word at most
-    st=${s%%@*}; [ "$st" = "$s" ] && continue
-    for x in ${st//+/ }; do
-      case $x in eval|eval_syn|merge) ;; *) bad "$s: @MODELS subsets eval and eval_syn only (merge+ may precede)";; esac
-    done
+  for s in $STAGES; do      # WORD@MODELS: the word ends in eval or eval_syn, which take the subset (the stages
+    st=${s%%@*}; [ "$st" = "$s" ] && continue     # before them, merge+ or opd+, ignore it); without PARALLEL one word
+    case ${st##*+} in eval|eval_syn) ;; *) bad "$s: @MODELS subsets eval and eval_syn only (they end the word)";; esac
     [ "${PARALLEL:-0}" = 1 ] || [ "$(echo $STAGES | wc -w)" = 1 ] || bad "without PARALLEL=1, @MODELS takes one word (merge+eval@soup)"
   done
   [ "${PARALLEL:-0}" = 1 ] && [ "$(echo $STAGES | tr ' +@' '\n\n\n' | grep -c '^merge$')" -gt 1 ] \
