@@ -129,7 +129,7 @@ def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monk
 def _repo_copy(tmp_path):
     repo = tmp_path / "repo"
     for f in ("bench/gpu/small2_run.sh", "bench/gpu/ship_list.py", "bench/gpu/unship.sh", "bench/gpu/lean_tree.sh",
-              "bench/offline_setup.sh"):
+              "bench/offline_setup.sh", "bench/gpu/publish_adapters.sh"):
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, repo / f)
     return repo
@@ -490,3 +490,25 @@ def test_ship_samples_with_no_finished_evaluation_says_so_and_fails(tmp_path):
     p = subprocess.run(["bash", "bench/gpu/small2_run.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "HOME": str(home), "OUT": str(out), "PART": "ship_samples"})
     assert p.returncode == 1 and "pack samples: failed" in p.stdout and not list(out.iterdir())
+
+
+def test_publish_adapters_copies_finished_stages_and_names_the_base_file(tmp_path):
+    """publish_adapters.sh rl0: the weights byte for byte, the config with the GGUF's file name instead of the
+    device's cache folder (the rest unchanged); a stage without done.json (a cut OPD run) is refused before
+    anything is copied."""
+    repo = _repo_copy(tmp_path)
+    state = repo / "results" / "small2" / "state" / "s2st"
+    cfg = {"base_model_name_or_path": "~/stage/cache/hf/smollm2-98362432", "r": 16, "peft_type": "LORA"}
+    for stage in ("rl0", "opd"):
+        _put(state / stage / "adapter" / "adapter_config.json", json.dumps(cfg))
+        _put(state / stage / "adapter" / "adapter_model.safetensors", f"weights of {stage}")
+    _put(state / "rl0" / "done.json", "{}")
+    p = subprocess.run(["bash", "bench/gpu/publish_adapters.sh", "rl0", "opd"], cwd=repo, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "s2st/opd is not a finished stage" in p.stdout
+    assert not (repo / "results" / "small2" / "adapters").exists()
+    _sh(repo, dict(os.environ), "bench/gpu/publish_adapters.sh", "rl0")
+    out = repo / "results" / "small2" / "adapters" / "rl0_stimulus"
+    assert (out / "adapter_model.safetensors").read_text() == "weights of rl0"
+    assert json.loads((out / "adapter_config.json").read_text()) == {
+        **cfg, "base_model_name_or_path": "SmolLM2-135M-Instruct.Q4_1.gguf"}
