@@ -374,9 +374,10 @@ def summary_lines(metrics):
         if not m:
             continue
         n = m["n"]
+        ci = {k: f" [{m[k][0]:.1f}, {m[k][1]:.1f}]" if m.get(k) else "" for k in ("pass@1_ci95", "cov@1_ci95")}
         lines.append(f"{mode:8s} {m['tasks']} tasks x {n}, seed {metrics['seed']}: "
-                     f"Pass@1 {m['pass@1']:.1f} {m.get('pass@1_ci95', '')}  Pass@{n} {m[f'pass@{n}']:.1f}  "
-                     f"Cov@1 {m['cov@1']:.1f} {m.get('cov@1_ci95', '')}  Cov@{n} {m[f'cov@{n}']:.1f}  "
+                     f"Pass@1 {m['pass@1']:.1f}{ci['pass@1_ci95']}  Pass@{n} {m[f'pass@{n}']:.1f}  "
+                     f"Cov@1 {m['cov@1']:.1f}{ci['cov@1_ci95']}  Cov@{n} {m[f'cov@{n}']:.1f}  "
                      f"SynPass {m['syn_pass']:.1f}")
     return lines
 

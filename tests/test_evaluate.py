@@ -122,6 +122,15 @@ def test_pass_at_k_and_cov_at_k_by_hand():
     assert evaluate.bootstrap_ci([40, 40], seed=0) == [40.0, 40.0]
 
 
+def test_summary_lines_round_the_intervals():
+    m = {"tasks": 40, "n": 5, "pass@1": 76.0, "pass@5": 85.0, "cov@1": 85.0735085, "cov@5": 93.6, "syn_pass": 89.0,
+         "pass@1_ci95": [62.48750000000001, 88.0], "cov@1_ci95": [76.1859645125, 92.7684186875]}
+    lines = evaluate.summary_lines({"seed": 42, "direct": m, "agentic": {**m, "pass@1_ci95": None}})
+    assert lines[0] == ("direct   40 tasks x 5, seed 42: Pass@1 76.0 [62.5, 88.0]  Pass@5 85.0  "
+                        "Cov@1 85.1 [76.2, 92.8]  Cov@5 93.6  SynPass 89.0")
+    assert "Pass@1 76.0  Pass@5" in lines[1]            # no interval (one task): nothing printed for it
+
+
 def test_result_key_orders_parse_compile_run_coverage_pass():
     def r(status, compile_ok=True, pct=None, passed=False):
         return {"status": status, "compile_ok": compile_ok, "overall_pct": pct, "passed": passed}
