@@ -1,0 +1,5 @@
+module tb;
+  wire one;
+  TopModule uut(.one(one));
+  initial begin #10; $finish; end
+endmodule
