@@ -601,7 +601,11 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
     A statistic held against a noise floor holds above the floor, does not hold when even the top of its
     interval is not above it, and is inconclusive in between (above_null). Intervals are 95 % paired bootstraps
     over tasks (n_boot resamples). The best expert has the highest mean on the claim's tasks. Claims whose models
-    are missing (or share no task) are listed under `missing`."""
+    are missing (or share no task) are listed under `missing`.
+    How much a split can show: each claim counts its `separating_tasks` (the claim's models do not all score
+    the same there; the others add 0 to every difference above), and (b) its `room`: the points the best expert
+    leaves below 100 (the most any oracle gain could be), on how many tasks, and how many of them no expert
+    scores on at all (a task no stimulus can pass looks like this: results/small2/ceiling/)."""
     if n_boot < 1:
         raise SystemExit(f"claims: n_boot must be at least 1, got {n_boot}")
     root = Path(eval_dir)
@@ -632,7 +636,8 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
     boot = lambda x, stat: paired_bootstrap(x, stat, seed=seed, n_boot=n_boot)
     diff = lambda a: a[..., 0].mean(axis=-1) - a[..., 1].mean(axis=-1)
     stack = lambda t, *names: np.stack([t["cols"][n] for n in names], axis=1)
-    info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"]}
+    info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"],
+                      "separating_tasks": int(np.ptp(np.stack(list(t["cols"].values())), axis=0).astype(bool).sum())}
     out = {"eval_dir": str(eval_dir), "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin,
            "means": {}, "claims": {}, "missing": []}
     for key, names in (("a", (*sft, *experts)), ("b", experts), ("c", (*experts, "soup")),
@@ -663,8 +668,11 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
                 test = {**above_null(gain["point"], gain["ci95"], permutation_null(x, oracle_gain, seed=seed)),
                         "null": "each task's scores shuffled among the experts"}
                 test["verdict"] = "holds" if test["verdict"] == "holds" else "inconclusive"
+            below = x[:, experts.index(best)] < 100.0
             row = {"claim": "the experts are complementary: the oracle union is above the best expert",
-                   "oracle_minus_best": {**gain, **test}, "verdict": test["verdict"]}
+                   "oracle_minus_best": {**gain, **test}, "verdict": test["verdict"],
+                   "room": {"points": float((100.0 - x[:, experts.index(best)]).mean()), "tasks": int(below.sum()),
+                            "none_score": int((below & (x.max(axis=1) == 0)).sum())}}
             if have(*sft) and (ts := table(*sft)) and ts["tasks"]:       # the same statistic for the SFT checkpoints
                 row["sft_oracle_minus_best"] = float(oracle_gain(stack(ts, *sft)))
         elif key == "c":
@@ -694,7 +702,11 @@ def claims_markdown(c):
             r = c["claims"][key]
             extra = (f"; the SFT checkpoints' own oracle gain {r['sft_oracle_minus_best']:+.1f}"
                      if "sft_oracle_minus_best" in r else "")
-            where = f"{r['mode']}, {r['tasks']} tasks" + (f", best expert {r['best_expert']}" if "best_expert" in r else "")
+            if "room" in r:
+                extra += (f"; room above {r['best_expert']} {r['room']['points']:+.1f} on {r['room']['tasks']} tasks, "
+                          f"{r['room']['none_score']} of them at 0 for every expert")
+            where = (f"{r['mode']}, {r['tasks']} tasks ({r['separating_tasks']} separate the models)"
+                     + (f", best expert {r['best_expert']}" if "best_expert" in r else ""))
             rows.append(f"| ({key}) {r['claim']} | {where} | " + "; ".join(f(s, r[s]) for s in stats) + extra
                         + f" | **{r['verdict']}** |")
     return [f"{unit} differences in points, each with its 95 % paired bootstrap interval over tasks ({c['n_boot']} "

@@ -45,6 +45,8 @@ def test_the_four_claims_have_their_known_answers(run):
     # each task's 5 passes dealt out among the 15 samples of 3 experts give a gain of ~10-20 points by chance
     assert 5 < b["noise_floor"] < 30 and b["p"] < 0.01 and c["claims"]["b"]["verdict"] == "holds"
     assert c["claims"]["b"]["sft_oracle_minus_best"] == 0.0   # sft2 is best on every task
+    assert c["claims"]["b"]["room"] == {"points": 50.0, "tasks": 20, "none_score": 0}   # rl1 passes rl0's misses
+    assert all(r["separating_tasks"] == N for r in c["claims"].values())
     cc = c["claims"]["c"]
     assert cc["soup_minus_best"]["point"] == 0.0 and cc["soup_minus_best"]["ci95"] == [0.0, 0.0] and cc["verdict"] == "holds"
     d = c["claims"]["d"]
@@ -73,6 +75,23 @@ def test_models_that_differ_only_by_sampling_noise_are_neither_different_nor_com
         write_model(tmp_path / "dom", name, 100.0 * rng.binomial(5, p) / 5)
     dom = evaluate.claims(tmp_path / "dom", n_boot=200)["claims"]["b"]
     assert dom["best_expert"] == "rl0" and dom["oracle_minus_best"]["point"] == 0.0 and dom["verdict"] == "does not hold"
+
+
+def test_a_saturated_split_shows_how_little_room_it_leaves(tmp_path, capsys):
+    """36 tasks every model passes, 3 no model passes (like a task no stimulus can pass) and one where the experts
+    differ: 1 task separates the models, the best expert (rl0, 60 % there) leaves 8.5 points of room on 4 tasks,
+    3 of them at 0 for every expert, and no expert beats it anywhere: an oracle gain of 0."""
+    rates = {m: [100.0] * 36 + [0.0] * 3 for m in ("sft0", "sft1", "sft2", "rl0", "rl1", "rl2")}
+    for m, last in (("sft0", 20.0), ("sft1", 40.0), ("sft2", 60.0), ("rl0", 60.0), ("rl1", 40.0), ("rl2", 40.0)):
+        write_model(tmp_path / "eval", m, rates[m] + [last])
+    c = evaluate.claims(tmp_path / "eval", n_boot=200)
+    b = c["claims"]["b"]
+    assert b["best_expert"] == "rl0" and b["oracle_minus_best"]["point"] == 0.0      # rl0 is best on its mean
+    assert b["room"] == {"points": pytest.approx((3 * 100 + 40) / 40), "tasks": 4, "none_score": 3}
+    assert b["separating_tasks"] == 1 and c["claims"]["a"]["separating_tasks"] == 1
+    evaluate.main(["claims", str(tmp_path / "eval")])
+    out = capsys.readouterr().out
+    assert "40 tasks (1 separate the models)" in out and "room above rl0 +8.5 on 4 tasks, 3 of them at 0" in out
 
 
 def test_each_claim_uses_its_own_models_tasks_and_mode(run):
