@@ -705,7 +705,8 @@ def claims_markdown(c):
             if "room" in r:
                 extra += (f"; room above {r['best_expert']} {r['room']['points']:+.1f} on {r['room']['tasks']} tasks, "
                           f"{r['room']['none_score']} of them at 0 for every expert")
-            where = (f"{r['mode']}, {r['tasks']} tasks ({r['separating_tasks']} separate the models)"
+            where = (f"{r['mode']}, {r['tasks']} tasks" + (f", the models differ on {r['separating_tasks']}"
+                                                           if "separating_tasks" in r else "")
                      + (f", best expert {r['best_expert']}" if "best_expert" in r else ""))
             rows.append(f"| ({key}) {r['claim']} | {where} | " + "; ".join(f(s, r[s]) for s in stats) + extra
                         + f" | **{r['verdict']}** |")

@@ -91,7 +91,7 @@ def test_a_saturated_split_shows_how_little_room_it_leaves(tmp_path, capsys):
     assert b["separating_tasks"] == 1 and c["claims"]["a"]["separating_tasks"] == 1
     evaluate.main(["claims", str(tmp_path / "eval")])
     out = capsys.readouterr().out
-    assert "40 tasks (1 separate the models)" in out and "room above rl0 +8.5 on 4 tasks, 3 of them at 0" in out
+    assert "40 tasks, the models differ on 1, best expert rl0" in out and "room above rl0 +8.5 on 4 tasks, 3 of them at 0" in out
 
 
 def test_each_claim_uses_its_own_models_tasks_and_mode(run):
