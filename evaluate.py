@@ -582,9 +582,10 @@ def both(verdicts):
         "does not hold" if "does not hold" in verdicts else "inconclusive"
 
 
-def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
+def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
     """The paper's four claims (docs/method.md §2.4) on one eval folder (a subfolder per model, each with
-    metrics.json), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean). Each claim uses the tasks all of
+    metrics.json), or on several whose task sets are disjoint (one split evaluated in parts: each model's
+    per-task tables are joined; a task in two folders is an error), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean). Each claim uses the tasks all of
     its models have, in agentic mode when all of them have it (else direct; `mode` forces one):
     (a) the SFT checkpoints differ, and identical RL brings them closer. `sft_gap` (the largest gap between
         sft0-2's means) must be above its noise floor: the gap when each task's scores are shuffled among the
@@ -608,14 +609,27 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
     scores on at all (a task no stimulus can pass looks like this: results/small2/ceiling/)."""
     if n_boot < 1:
         raise SystemExit(f"claims: n_boot must be at least 1, got {n_boot}")
-    root = Path(eval_dir)
-    if not root.is_dir():
-        raise SystemExit(f"claims: {eval_dir} is not a folder")
     sft, experts = CLAIM_MODELS["sft"], CLAIM_MODELS["experts"]
-    metrics = {d.name: json.loads((d / "metrics.json").read_text()) for d in sorted(root.iterdir())
-               if d.name in (*sft, *experts, "soup", "opd", "opd_nogate") and (d / "metrics.json").is_file()}
-    if not metrics:
-        raise SystemExit(f"claims: no sft0-2 / rl0-2 / soup / opd folder with metrics.json under {eval_dir}")
+    parts = {}                           # model -> its metrics.json in each folder that has it
+    for root in map(Path, (eval_dir, *more_dirs)):
+        if not root.is_dir():
+            raise SystemExit(f"claims: {root} is not a folder")
+        found = [d for d in sorted(root.iterdir())
+                 if d.name in (*sft, *experts, "soup", "opd", "opd_nogate") and (d / "metrics.json").is_file()]
+        if not found:
+            raise SystemExit(f"claims: no sft0-2 / rl0-2 / soup / opd folder with metrics.json under {root}")
+        for d in found:
+            parts.setdefault(d.name, []).append(json.loads((d / "metrics.json").read_text()))
+    metrics = {}
+    for name, ms in parts.items():       # joined per mode, over the modes every part has
+        metrics[name] = {}
+        for k in [k for k in ("direct", "agentic") if all(k in m for m in ms)]:
+            tab = metrics[name].setdefault(k, {"per_task": {}})["per_task"]
+            for m in ms:
+                if twice := sorted(set(tab) & set(m[k]["per_task"])):
+                    raise SystemExit(f"claims: {name}'s task {twice[0]} is in two of the folders "
+                                     f"({len(twice)} tasks in all); give folders of disjoint task sets")
+                tab.update(m[k]["per_task"])
 
     def table(*names):
         """(mode, tasks, {name: column}, per-task samples) over the tasks every one of `names` has."""
@@ -638,7 +652,7 @@ def claims(eval_dir, *, mode=None, metric="pass_rate", seed=0, n_boot=2000, marg
     stack = lambda t, *names: np.stack([t["cols"][n] for n in names], axis=1)
     info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"],
                       "separating_tasks": int(np.ptp(np.stack(list(t["cols"].values())), axis=0).astype(bool).sum())}
-    out = {"eval_dir": str(eval_dir), "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin,
+    out = {"eval_dir": str(eval_dir), **({"more_dirs": [str(d) for d in more_dirs]} if more_dirs else {}), "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin,
            "means": {}, "claims": {}, "missing": []}
     for key, names in (("a", (*sft, *experts)), ("b", experts), ("c", (*experts, "soup")),
                        ("d", ("opd", "soup", "opd_nogate"))):
@@ -717,7 +731,8 @@ def claims_markdown(c):
 
 
 def add_claims_args(p):
-    p.add_argument("eval_dir", help="folder with one eval folder per model (sft0..2, rl0..2, soup, opd, opd_nogate)")
+    p.add_argument("eval_dir", nargs="+", help="folder with one eval folder per model (sft0..2, rl0..2, soup, opd, "
+                   "opd_nogate); several: one split evaluated in parts (disjoint tasks), joined per model")
     p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     p.add_argument("--mode", choices=("agentic", "direct"), default=None,
                    help="default: agentic when every model has it")
@@ -728,7 +743,7 @@ def add_claims_args(p):
 
 
 def cmd_claims(args):
-    c = claims(args.eval_dir, mode=args.mode, metric=args.metric, seed=args.seed, n_boot=args.n_boot,
+    c = claims(*args.eval_dir, mode=args.mode, metric=args.metric, seed=args.seed, n_boot=args.n_boot,
                margin=args.margin)
     print("\n".join(claims_markdown(c)))
     if args.out:

@@ -130,6 +130,24 @@ def test_verdicts_and_a_paired_interval():
     assert r["point"] == pytest.approx(7.0) and r["ci95"] == pytest.approx([7.0, 7.0])
 
 
+def test_a_split_evaluated_in_two_parts_gives_the_claims_of_the_whole(run, tmp_path):
+    """Each model's per-task tables of two folders (tasks t00-t14 and t15-t39) are joined: the claims equal those of
+    the one folder that holds all 40; a task in both folders is an error, not a silent overwrite."""
+    for name in ("sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "soup", "opd", "opd_nogate"):
+        m = json.loads((run / name / "metrics.json").read_text())
+        for part, keep in (("p1", lambda t: t < "t15"), ("p2", lambda t: t >= "t15")):
+            d = tmp_path / part / name
+            d.mkdir(parents=True)
+            d.joinpath("metrics.json").write_text(json.dumps(
+                {k: {"per_task": {t: r for t, r in m[k]["per_task"].items() if keep(t)}} for k in m}))
+    whole, joined = evaluate.claims(run, n_boot=300), evaluate.claims(tmp_path / "p1", tmp_path / "p2", n_boot=300)
+    assert joined["more_dirs"] == [str(tmp_path / "p2")]
+    assert joined["claims"] == whole["claims"] and joined["means"] == whole["means"]
+    assert evaluate.claims(tmp_path / "p1", n_boot=300)["claims"]["a"]["tasks"] == 15
+    with pytest.raises(SystemExit, match="task t00 is in two of the folders"):
+        evaluate.claims(tmp_path / "p1", run, n_boot=300)
+
+
 def test_bad_input_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no sft0-2 / rl0-2 / soup / opd folder"):
         evaluate.claims(tmp_path)
