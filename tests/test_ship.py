@@ -72,7 +72,8 @@ def _run_folder(run):
               "eval/rl1/metrics.json", "eval/rl1/samples.jsonl", "eval/stdout.log", "eval_syn/rl0/metrics.json"):
         _put(run / f)                           # eval cut after rl0 (rl1 unfinished), eval_syn begun
     for f in ("val/rl0/metrics.json", "val/rl0/samples.jsonl", "val/rl0/done.json", "val/done.json", "data2/stage2.jsonl", "data2/done.json", "data2/stdout.log",
-              "data2/stage0.jsonl", "data2/stage1.jsonl", "data2/result.json", "data3/stage2.jsonl"):
+              "data2/stage0.jsonl", "data2/stage1.jsonl", "data2/result.json", "data3/stage2.jsonl",
+              "report/report.md", "report/report.json", "report/done.json", "report/stdout.log"):
         _put(run / f)
 
 
@@ -91,13 +92,14 @@ SHIPPED = {
     "s2st/sft1/ckpt/step_000002/adapter/adapter_model.safetensors",
     "s2st/sft1/val_ckpt/step_000001/adapter/adapter_config.json",
     "s2st/sft1/val_ckpt/step_000001/adapter/adapter_model.safetensors",
-    "s2st/data2/stage2.jsonl", "s2st/data2/done.json", "s2st/data2/result.json"}
+    "s2st/data2/stage2.jsonl", "s2st/data2/done.json", "s2st/data2/result.json",
+    "s2st/report/report.md", "s2st/report/report.json", "s2st/report/done.json"}
 
 
 def test_ship_list_keeps_the_handed_on_adapters_and_handoffs_only(tmp_path, monkeypatch):
     """A cut SFT or RL stage ships its newest checkpoint without optimizer.pt (SFT: and its best validated adapter so
     far), the merge stage its tuning scores only (the merges are recomputed), stages without adapters their small
-    files, a done device-built data stage its stage2.jsonl and small files (not stages 0-1, data/'s rows, nor its
+    files (the report stage also its report.md), a done device-built data stage its stage2.jsonl and small files (not stages 0-1, data/'s rows, nor its
     stdout), data/ and a cut data stage nothing. An evaluation stage ships each finished model's small files but
     samples.jsonl, also when the stage is cut (eval: rl0 finished, rl1 not; eval_syn: none finished). A cut SFT stage's result.json names its best only if written at the
     newest checkpoint (a deadline stop); after a kill every validated adapter up to the checkpoint goes."""

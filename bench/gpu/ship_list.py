@@ -28,7 +28,8 @@ listed: unship.sh replaces those stage folders and keeps the others. Per stage:
   session evaluates only the rest (a merged model after `merge` again: merges are recomputed, not shipped). Not
   samples.jsonl (several MB a model at n = 5 with 3 rounds; claims and compare read metrics.json's per-task table):
   small2_run.sh PART=ship_samples packs those for the CPU box.
-- other stages (compare, report): their small files when done, nothing otherwise.
+- other stages (compare, report): their small files when done (the report also its report.md; session 21 rendered
+  it again on the CPU box from the shipped JSON), nothing otherwise.
 Never: stdout logs, optimizer states, data/, a data stage not done, a deadline-stop marker (rundir.DEADLINE_MARKER).
 """
 import argparse
@@ -63,7 +64,7 @@ def stage_files(stage):
         finished = {d for d in stage.iterdir() if (d / "done.json").is_file()}
         return [p for p in small_files(stage) if p.name != "samples.jsonl" and (done or finished & set(p.parents))]
     if not stage.name.startswith(TRAINING):
-        return small_files(stage) if done else []
+        return small_files(stage) + [p for p in files_of(stage) if p.suffix == ".md"] if done else []
     if done:
         result = json.loads((stage / "result.json").read_text()) if (stage / "result.json").is_file() else {}
         pick = (result.get("outcome") or {}).get("val_best_adapter") or "adapter"

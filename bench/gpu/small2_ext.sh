@@ -48,10 +48,10 @@ models() {     # one process: its models in turn
 }
 mkdir -p $E
 export -f models adapter; export R E M TASKS
-# claim-critical models first in each process: (b)-(d) read rl0-2, soup, opd, opd_nogate; (a) also sft0-2
-setsid bash -c 'models soup rl2 sft0 opd_rlfb > '"$OUT"'/ext_p1.log 2>&1 & a=$!
-  models opd opd_nogate sft1 > '"$OUT"'/ext_p2.log 2>&1 & b=$!
-  models rl0 rl1 sft2 > '"$OUT"'/ext_p3.log 2>&1 & c=$!
+# in rounds that complete claims: soup / opd / opd_nogate are (d)'s models, + rl0-2 (b) and (c), + sft0-2 (a)
+setsid bash -c 'models soup rl0 sft0 opd_rlfb > '"$OUT"'/ext_p1.log 2>&1 & a=$!
+  models opd rl1 sft1 > '"$OUT"'/ext_p2.log 2>&1 & b=$!
+  models opd_nogate rl2 sft2 > '"$OUT"'/ext_p3.log 2>&1 & c=$!
   wait $a; x=$?; wait $b; y=$?; wait $c; exit $((x || y || $?))' & P=$!
 for i in $(seq ${T:-480}); do kill -0 $P 2>/dev/null || break; sleep 1; done
 kill -0 $P 2>/dev/null && { kill -9 -- -$P; echo "== cut at ${T:-480} s"; }
