@@ -585,8 +585,9 @@ def both(verdicts):
 def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
     """The paper's four claims (docs/method.md §2.4) on one eval folder (a subfolder per model, each with
     metrics.json), or on several whose task sets are disjoint (one split evaluated in parts: each model's
-    per-task tables are joined; a task in two folders is an error), in points of Pass@1 (metric pass_rate) or Cov@1 (cov_mean). Each claim uses the tasks all of
-    its models have, in agentic mode when all of them have it (else direct; `mode` forces one):
+    per-task tables are joined; a task in two folders is an error), in points of Pass@1 (metric pass_rate) or
+    Cov@1 (cov_mean). Each claim uses the tasks all of its models have, in agentic mode when all of them have it
+    (else direct; `mode` forces one):
     (a) the SFT checkpoints differ, and identical RL brings them closer. `sft_gap` (the largest gap between
         sft0-2's means) must be above its noise floor: the gap when each task's scores are shuffled among the
         three models (a gap of maxima is never below 0, so an interval alone would always clear 0).
@@ -652,8 +653,8 @@ def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2
     stack = lambda t, *names: np.stack([t["cols"][n] for n in names], axis=1)
     info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"],
                       "separating_tasks": int(np.ptp(np.stack(list(t["cols"].values())), axis=0).astype(bool).sum())}
-    out = {"eval_dir": str(eval_dir), **({"more_dirs": [str(d) for d in more_dirs]} if more_dirs else {}), "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin,
-           "means": {}, "claims": {}, "missing": []}
+    out = {"eval_dir": str(eval_dir), **({"more_dirs": [str(d) for d in more_dirs]} if more_dirs else {}),
+           "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin, "means": {}, "claims": {}, "missing": []}
     for key, names in (("a", (*sft, *experts)), ("b", experts), ("c", (*experts, "soup")),
                        ("d", ("opd", "soup", "opd_nogate"))):
         t = table(*names) if have(*names) else None
