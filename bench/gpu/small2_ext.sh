@@ -13,7 +13,9 @@
 #   T=480 bash bench/gpu/small2_ext.sh      three processes side by side; a model whose metrics.json exists is
 #                                           skipped, so a cut call is simply made again; returns ext.tgz (the
 #                                           finished models' metrics.json and samples.jsonl) and ext.log
-# CPU box: tar xzf ext.tgz -C /tmp/x, then python bench/gpu/small2_ext_join.py (the 40 + 108 per-task tables).
+# CPU box: tar xzf ext.tgz -C runs (samples.jsonl stay there, ignored); copy each runs/s2st/eval_ext/NAME/metrics.json
+# to results/small2/state/s2st/eval_ext/NAME/ and commit; the claims on all 148 tasks (each model's 40 + 108 joined):
+#   python evaluate.py claims results/small2/state/s2st/eval results/small2/state/s2st/eval_ext
 set -u
 S=~/stage
 R=runs/s2st
