@@ -27,14 +27,10 @@ source bench/offline_setup.sh $S
 [ -e runs ] || ln -s $S/runs runs
 [ -f "$TASKS" ] || { echo "small2_ext: no task file $TASKS"; exit 2; }
 
-adapter() {    # the adapters the run's eval stage used (chorus_mini.py's model_adapters; SFT: each stage's pick)
-  case $1 in
-    sft0) echo $R/sft0/val_ckpt/step_000258/adapter ;;
-    sft1) echo $R/sft1/val_ckpt/step_000513/adapter ;;
-    sft2) echo $R/sft2/val_ckpt/step_000567/adapter ;;
-    soup) echo $E/soup_adapter ;;
-    *) echo $R/$1/adapter ;;
-  esac
+adapter() {    # the adapter the run's eval stage used: chorus_mini.py's model_adapters with the run's sft_pick
+  [ $1 = soup ] && { echo $E/soup_adapter; return; }            # (its merges live in merge/, not recomputed here)
+  python3 -c "import pathlib, sys, chorus_mini as C; print(C.model_adapters(pathlib.Path(sys.argv[1]),
+{'sft_pick': 'best'})[sys.argv[2]])" $R $1
 }
 models() {     # one process: its models in turn
   for m in "$@"; do
