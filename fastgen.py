@@ -15,6 +15,7 @@ Sections:
   4. the KV-cache slot (row buckets, shared prefill, compaction), graph capture, the generation loop
 """
 import dataclasses
+import hashlib
 import math
 import sys
 import time
@@ -112,13 +113,18 @@ def left_pad(batch, pad_id, device):
 # Sampling is the same distribution as HF generate: logits / temperature, then HF's top-p rule (drop
 # the smallest-probability tokens whose cumulative mass is <= 1 - top_p, always keep the top token),
 # then an exact draw via the exponential race argmax(p / E), E ~ Exp(1) i.i.d. The noise is drawn
-# outside the graph from a torch.Generator seeded with `seed`, so it does not depend on when graphs were
-# captured. Bit-identical outputs across runs also need the GPU kernels to be deterministic, which torch
+# outside the graph, keyed by (seed, the prompt's index in the call, the token's step) alone: a generator
+# is re-seeded for each block of NOISE_ROWS rows and each step. So a row's tokens depend neither on when
+# graphs were captured nor on how the call is cut into batches (a memory budget, an out-of-memory retry). Bit-identical outputs across runs also need the GPU kernels to be deterministic, which torch
 # does not promise (results/bench.md saw one greedy run of HF vs the fast path part at a near-tie).
 
 _FAST_ARCHS = ("llama", "qwen2", "qwen3")
 BUCKET = 256         # attention reads the cache up to the next multiple of this: one graph per bucket
 CHECK_EVERY = 16     # decode steps between the (GPU->CPU sync) checks for finished sequences
+NOISE_ROWS = 64      # sampling noise is drawn per block of this many rows of a call (see _draw_noise)
+# The most bytes the KV slot may take (None: no limit beyond the memory rule, section 4). common sets it
+# from $CHORUS_GPU_CAP_GIB / --gpu-mem-gib (common.apply_gpu_cap); generate(budget=...) overrides it.
+KV_BUDGET_BYTES = None
 
 
 class FastUnsupported(Exception):
@@ -458,7 +464,10 @@ def _gqa_works(slot, m, B):
 # reads), and graphs are keyed by (rows, attention width, sampling args). So calls with other batch sizes
 # or longer prompts reuse the slot and its graphs while they fit in it. A call that does not fit grows the
 # slot to the larger of both shapes (one re-capture; then RL's rounds and refills fit), or, where that
-# would break the memory rule (the KV cache within half of the free memory), to what the call needs.
+# would break the memory rule, to what the call needs. The memory rule: the KV cache takes at most half
+# of the free memory (CUDA) and at most the budget (KV_BUDGET_BYTES, any device); a batch it cannot hold
+# is cut, and a batch that still runs out of memory is retried in halves (generate). The cut batches run
+# with their own longest prompt, never the window's: a prompt must start at the column its positions say.
 #
 # Shared prefill. Identical prompts of one batch (a chat repeated G times) are prefilled once; their K/V
 # and logits are copied to the other rows. Each row still draws its own sampling noise.
@@ -466,9 +475,9 @@ def _gqa_works(slot, m, B):
 # Compaction. At each stop check (every CHECK_EVERY tokens) the rows still running are counted; when they
 # fit a smaller row bucket, their K/V and state move to the first rows and decoding goes on with that
 # bucket's graphs, so finished rows stop costing compute. The move also drops the left padding that all
-# remaining rows share (the longest prompts finished: the others stop reading their padding). The noise
-# of every step is drawn for all B rows in their original order and each running row takes its own, so a
-# row's tokens do not depend on when the others stopped: the same seed gives the same tokens with
+# remaining rows share (the longest prompts finished: the others stop reading their padding). A row's
+# noise is keyed by its place in the call (the sampling note, section 2), so its tokens depend neither on
+# when the others stopped nor on how the call was cut into batches: the same seed gives the same tokens with
 # compaction and shared prefill on or off (tests, fp32). On a GPU in bf16 the kernels' rounding can depend
 # on the batch size, so there a greedy or sampled row may part from the uncompacted run at a near-tie, as
 # the arithmetic note says.
@@ -485,6 +494,8 @@ COMPACT = True
 # pack = folding the current weights into the packed copy, prefill, capture = CUDA-graph captures,
 # decode = the decode loop without its captures. On CUDA each boundary synchronises (a few per call).
 STATS = {"pack_s": 0.0, "prefill_s": 0.0, "capture_s": 0.0, "decode_s": 0.0}
+# Memory: the largest KV slot made (bytes) and the batches retried after an out-of-memory error.
+MEMORY = {"kv_peak_bytes": 0, "oom_retries": 0}
 
 
 def _clock(device):
@@ -511,23 +522,27 @@ def _cache_bytes(st, B, L):
     return 2 * len(st["W"]["layers"]) * B * m["hkv"] * L * m["d"] * torch.finfo(m["dtype"]).bits // 8
 
 
-def _slot_for(st, n, L, device):
+def _slot_for(st, n, L, device, budget=None):
     """A slot with >= _row_bucket(n) rows and >= L columns -> (slot, n). n comes back smaller (halved)
-    where a cache for n rows would break the memory rule; the caller then splits its batch."""
+    where a cache for n rows would break the memory rule (at most half of the free memory on CUDA, and at
+    most `budget` bytes on any device); the caller then splits its batch. One row always gets a slot."""
     old = next(iter(st["slots"].values()), None)
 
     def fits(rows):
         return old is not None and old["R"] >= _row_bucket(rows) and old["L"] >= L
-    if fits(n):
-        return old, n
-    free = math.inf
+    limit = math.inf if budget is None else budget
     if device.type == "cuda":   # the old slot's memory counts as free: it is dropped first
         free = _gpu_free_bytes(device) + (_cache_bytes(st, old["R"], old["L"]) if old else 0)
+        limit = min(limit, 0.5 * free)
+    if old is not None and budget is not None and _cache_bytes(st, old["R"], old["L"]) > budget:
+        old = None              # a slot made under a larger budget: rebuilt within this one
+    if fits(n):
+        return old, n
     if old is not None:
         grown = (max(_row_bucket(n), old["R"]), max(L, old["L"]))
-        if _cache_bytes(st, *grown) <= 0.5 * free:
+        if _cache_bytes(st, *grown) <= limit:
             return _new_slot(st, *grown, device), n
-    while n > 1 and _cache_bytes(st, _row_bucket(n), L) > 0.5 * free:
+    while n > 1 and _cache_bytes(st, _row_bucket(n), L) > limit:
         n = max(1, n // 2)
         if fits(n):
             return old, n
@@ -561,6 +576,7 @@ def _new_slot(st, R, L, device):
             "noise": torch.ones(R, V, dtype=torch.float32, device=device)}
     slot["gqa_prefill"] = _view(st, slot, R)["gqa"]
     slots[R] = slot
+    MEMORY["kv_peak_bytes"] = max(MEMORY["kv_peak_bytes"], _cache_bytes(st, R, L))
     return slot
 
 
@@ -606,34 +622,81 @@ def _gpu_free_bytes(device):
 
 
 def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, batch_size,
-             ignore_stop=False, graphs=None, record=None, max_lens=None):
+             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None):
     """Fast path (see the weight rule above). prompts: list of id lists -> list[Completion].
     graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] of each batch
     (tests; rows that have left the batch are NaN); max_lens: optional per-prompt caps on new tokens
-    (<= max_new_tokens; a row that reaches its cap ends there, truncated)."""
+    (<= max_new_tokens; a row that reaches its cap ends there, truncated); budget: the most bytes the KV
+    cache may take (default KV_BUDGET_BYTES). A batch whose cache would not fit the budget, or that runs
+    out of memory, is cut into smaller batches; no answer is shortened or dropped, and each row's tokens
+    are those of an uncut run (the noise rule; greedy and fp32 exactly, bf16 up to the kernels' rounding)."""
     if max_lens is not None and (len(max_lens) != len(prompts)
                                  or not all(1 <= x <= max_new_tokens for x in max_lens)):
         raise ValueError(f"max_lens: one cap in 1..{max_new_tokens} per prompt")
     device = next(model.parameters()).device
+    budget = KV_BUDGET_BYTES if budget is None else budget
     t0 = _clock(device)
     st = _fast_state(model)
     STATS["pack_s"] += _clock(device) - t0
     use_graphs = device.type == "cuda" if graphs is None else graphs
     eos, ticks = stop_sets(model, tok)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device)
     out = []
-    i = 0
+    i, most = 0, batch_size          # most: rows per batch, lowered for good by an out-of-memory event
     while i < len(prompts):
-        batch = prompts[i:i + batch_size]
-        P = max(len(p) for p in batch)
-        L = BUCKET * math.ceil((P + max_new_tokens) / BUCKET)
-        slot, n = _slot_for(st, len(batch), L, device)   # n < len(batch): the cache would not fit; split
-        batch = batch[:n]
-        caps = None if max_lens is None else max_lens[i:i + n]
+        batch = prompts[i:i + most]
+        L = BUCKET * math.ceil((max(len(p) for p in batch) + max_new_tokens) / BUCKET)
+        try:
+            slot, n = _slot_for(st, len(batch), L, device, budget)   # n < len(batch): the cache would not fit
+            batch = batch[:n]
+            P = max(len(p) for p in batch)      # of the rows that run: the slot's columns and positions follow it
+            caps = None if max_lens is None else max_lens[i:i + n]
+            done = _fast_batch(st, slot, tok, batch, P, device, gen, seed, i, max_new_tokens, temperature, top_p,
+                               eos, ticks, ignore_stop, use_graphs, record, caps)
+        except torch.OutOfMemoryError:
+            if len(batch) == 1:
+                raise
+            most = max(1, len(batch) // 2)
+            print(f"[fastgen] out of GPU memory at {len(batch)} rows; dropping the KV slot and retrying "
+                  f"with {most}", file=sys.stderr)
+            MEMORY["oom_retries"] += 1
+            st["slots"].clear()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()
+            continue
+        out += done
         i += n
-        out += _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p,
-                           eos, ticks, ignore_stop, use_graphs, record, caps)
     return out
+
+
+def _noise_seed(seed, step, block):
+    """A 63-bit generator seed for one block of rows at one step (blake2b: well mixed, host side, ~1 us)."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{block}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _noise_plan(rows, device):
+    """(blocks, pick) for _draw_noise: the NOISE_ROWS-row blocks that the call rows `rows` (a host list of
+    their indices in the generate() call) fall in, and each row's place in those blocks drawn one after
+    another. Made once per set of running rows (it changes only when rows leave the batch)."""
+    blocks = sorted({r // NOISE_ROWS for r in rows})
+    at = {b: k for k, b in enumerate(blocks)}
+    return blocks, torch.tensor([at[r // NOISE_ROWS] * NOISE_ROWS + r % NOISE_ROWS for r in rows], device=device)
+
+
+def _draw_noise(out, gen, seed, step, plan):
+    """Exp(1) noise for the rows of `plan` (_noise_plan) at decode step `step`, into out [rows, V]. Each
+    block of NOISE_ROWS call rows is drawn whole from a generator seeded by (seed, step, block), so a row's
+    noise does not depend on which rows share its batch (on CUDA a draw's values can depend on the
+    tensor's size: a block's size never changes)."""
+    blocks, pick = plan
+    V = out.shape[1]
+    buf = torch.empty(len(blocks), NOISE_ROWS, V, device=out.device)
+    for k, b in enumerate(blocks):
+        gen.manual_seed(_noise_seed(seed, step, b))
+        buf[k].exponential_(generator=gen)
+    torch.index_select(buf.view(-1, V), 0, pick, out=out)
 
 
 def _prefill_shared(st, slot, batch, ids, pad, device):
@@ -679,8 +742,8 @@ def _compact(st, slot, keep, C, m, pads):
     return _view(st, slot, _row_bucket(n))
 
 
-def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperature, top_p, eos, ticks,
-                ignore_stop, use_graphs, record, caps):
+def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens, temperature, top_p, eos,
+                ticks, ignore_stop, use_graphs, record, caps):
     B, R = len(batch), _row_bucket(len(batch))
     ids, mask = left_pad(batch, tok.pad_token_id, device)
     pad = (P - mask.sum(1))                                                     # [B] left pad counts
@@ -698,7 +761,8 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
         if record is not None:
             record.append(logits.clone())
         if sampling:
-            slot["noise"][:B].exponential_(generator=gen)
+            plan = _noise_plan(range(row0, row0 + B), device)
+            _draw_noise(slot["noise"][:B], gen, seed, 0, plan)
         tokens[:, 0] = _sample(logits, temperature, top_p, slot["noise"][:B])
         slot["key_ok"][B:R] = True                              # filler rows: finite, positions in range
         slot["pos"][B:R] = 0
@@ -707,7 +771,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
         slot["pos"][:B].copy_(P - pad)
         view = _view(st, slot, R)
         live, live_t = list(range(B)), torch.arange(B, device=device)   # original row of each slot row
-        moved, draws = False, None            # rows have moved; then the noise [B, V] in original order
+        moved = False                         # rows have moved (compaction)
         stops, checked = [None] * B, 0
         host = [[] for _ in range(B)]
         n = 1
@@ -715,11 +779,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
             c = P - shift + n - 1                                               # column written this step
             Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
             if sampling:
-                if not moved:
-                    slot["noise"][:B].exponential_(generator=gen)
-                else:
-                    draws.exponential_(generator=gen)
-                    slot["noise"][:len(live)] = draws[live_t]
+                _draw_noise(slot["noise"][:len(live)], gen, seed, n, plan)
             rows = view["tok"].shape[0]
             gkey = (rows, Lb, temperature, top_p)
             if use_graphs and gkey not in slot["graphs"]:
@@ -763,9 +823,9 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, max_new_tokens, temperatur
                     view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])
                     shift += m
                     live_t = torch.tensor(live, device=device)
-                    if sampling and not moved:
-                        draws = torch.empty(B, slot["noise"].shape[1], device=device)
                     moved = True
+                    if sampling:
+                        plan = _noise_plan([row0 + b for b in live], device)
         rows_ids = tokens[:, :n].tolist()
     STATS["capture_s"] += capture_s
     STATS["decode_s"] += time.perf_counter() - t_prefilled - capture_s

@@ -147,7 +147,7 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
         assert len(c.completion_ids) == 24 and c.truncated
         with torch.no_grad():
             ref = pm(torch.tensor([p + c.completion_ids])).logits[0, len(p) - 1:-1]  # [24, V]
-        torch.testing.assert_close(steps[b], ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(steps[b], ref, atol=2e-4, rtol=1e-4)   # fp32 sums in another order
     again = fastgen.generate(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                                batch_size=3, graphs=False, ignore_stop=True)
     assert _tokens(again) == _tokens(outs)  # deterministic given seed
@@ -371,3 +371,77 @@ def test_slot_growth_keeps_the_memory_rule(monkeypatch):
     monkeypatch.setattr(fastgen, "_gpu_free_bytes", lambda d: 0)
     slot, n = fastgen._slot_for(st, 64, 4096, cuda)            # half of 32 x 2304: 64 rows halved to 8
     assert (n, made[-1]) == (8, (8, 4096))
+
+
+def _short_then_long(tok):
+    """Four prompts, the longest last: a batch cut in front of it has shorter prompts than the window."""
+    p = [common.chat_ids(tok, m) for m in (MSGS[1], MSGS[0], MSGS[2])]
+    return [p[0], p[1], p[2], p[2] * 3]
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_a_budget_that_cuts_the_batch_keeps_every_rows_tokens(temperature):
+    """A KV budget that fits one row cuts a window of four prompts into four batches. Each row's tokens are
+    those of the uncut call (greedy: also HF's), sampled too, since the noise is keyed by the row's place
+    in the call. (The cut once kept the window's longest prompt length for shorter batches: their prompts
+    sat at the wrong cache columns and rotary positions, and the answers were token soup.)"""
+    model, tok = common.tiny_model(0)
+    prompts = _short_then_long(tok)
+    kw = dict(max_new_tokens=24, temperature=temperature, top_p=0.95, seed=3, batch_size=8, ignore_stop=True)
+    whole = fastgen.generate(model, tok, prompts, **kw)
+    st = fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]
+    assert list(st["slots"]) == [4]                                   # one batch of 4 rows
+    cut = fastgen.generate(model, tok, prompts, budget=1, **kw)
+    assert list(st["slots"]) == [1]                                   # rebuilt within the budget: 1 row
+    assert _tokens(cut) == _tokens(whole) and [c.text for c in cut] == [c.text for c in whole]
+    if temperature == 0:
+        assert _tokens(whole) == _tokens(common._generate_hf(model, tok, prompts, max_new_tokens=24, temperature=0,
+                                                             top_p=1.0, seed=0, batch_size=8, ignore_stop=True))
+    else:
+        assert len({tuple(c.completion_ids) for c in whole}) == 4     # rows sample apart
+    L = fastgen.BUCKET * -(-(max(map(len, prompts)) + 24) // fastgen.BUCKET)
+    two = fastgen.generate(model, tok, prompts, budget=fastgen._cache_bytes(st, 2, L), **kw)
+    assert list(st["slots"]) == [2] and _tokens(two) == _tokens(whole)
+
+
+def test_out_of_memory_cuts_the_batch_and_retries(monkeypatch, capsys):
+    """A batch that runs out of memory (a fake allocator refuses more than two rows) is retried in halves
+    after the slot is dropped; every answer comes back whole and equal to the uncut run's. One row that
+    does not fit is an error, not a lost answer."""
+    model, tok = common.tiny_model(0)
+    prompts = _short_then_long(tok)
+    kw = dict(max_new_tokens=16, temperature=0.9, top_p=1.0, seed=4, batch_size=4, ignore_stop=True)
+    whole = fastgen.generate(model, tok, prompts, **kw)
+    real, tried = fastgen._fast_batch, []
+
+    def refusing(st, slot, tok_, batch, *a, **k):
+        tried.append(len(batch))
+        if len(batch) > rows_that_fit:
+            raise torch.OutOfMemoryError("fake allocator: no room")
+        return real(st, slot, tok_, batch, *a, **k)
+    monkeypatch.setattr(fastgen, "_fast_batch", refusing)
+    rows_that_fit, before = 2, fastgen.MEMORY["oom_retries"]
+    cut = fastgen.generate(model, tok, prompts, **kw)
+    assert tried == [4, 2, 2] and fastgen.MEMORY["oom_retries"] == before + 1
+    assert _tokens(cut) == _tokens(whole) and all(len(c.completion_ids) == 16 for c in cut)
+    assert "out of GPU memory at 4 rows" in capsys.readouterr().err
+    rows_that_fit = 0
+    with pytest.raises(torch.OutOfMemoryError):
+        fastgen.generate(model, tok, prompts[:1], **kw)
+
+
+def test_slot_for_keeps_to_the_budget_on_any_device(monkeypatch):
+    """The budget bounds the slot on CPU as on CUDA: rows are halved until the cache fits (one row always
+    gets a slot), and a slot made under a larger budget is rebuilt rather than reused."""
+    model, _ = common.tiny_model(0)
+    st = fastgen._fast_state(model)
+    cpu = torch.device("cpu")
+    per = fastgen._cache_bytes(st, 1, 512)
+    slot, n = fastgen._slot_for(st, 16, 512, cpu, budget=None)
+    assert (slot["R"], n) == (16, 16)
+    slot2, n = fastgen._slot_for(st, 16, 512, cpu, budget=4 * per)
+    assert (slot2["R"], n) == (4, 4) and slot2 is not slot
+    assert fastgen._slot_for(st, 3, 256, cpu, budget=4 * per) == (slot2, 3)           # fits: reused
+    slot3, n = fastgen._slot_for(st, 16, 512, cpu, budget=1)
+    assert (slot3["R"], n) == (1, 1)
+    assert fastgen.MEMORY["kv_peak_bytes"] >= 16 * per
