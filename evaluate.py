@@ -55,6 +55,7 @@ import harness
 import onpolicy
 import rundir
 import sim
+from data import floor, teacher
 
 Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
 SIM_RAN = ("ok", "no_coverage", "no_dut_instance")   # statuses where the testbench compiled and simulated
@@ -382,7 +383,39 @@ def summary_lines(metrics):
     return lines
 
 
-def _load_policy(args):
+def is_baseline(model):
+    """--model names a baseline (no weights): `random` or `teacher:LEVEL`."""
+    return model == "random" or str(model or "").startswith("teacher:")
+
+
+def baseline_policy(name, tasks, *, answer_mode="stimulus", seed=0, random_cycles=floor.CYCLES,
+                    random_reset_period=floor.RESET_PERIOD, target_mode="cvdp"):
+    """The Policy of a baseline: `random` (data/floor.py: the constrained-random loop, seeded, stimulus mode
+    only) or `teacher:LEVEL` (data/teacher.py's template teacher at LEVEL, refined as a model is)."""
+    if name == "random":
+        return floor.random_policy(random_cycles, random_reset_period or None, seed)
+    level = name.partition(":")[2]
+    if level not in teacher.LEVELS:
+        raise SystemExit(f"evaluate.py: unknown teacher level {level!r} in {name!r}; levels: {', '.join(teacher.LEVELS)}")
+    return teacher.teacher_policy(tasks, level, answer_mode, seed, target_mode)
+
+
+def mirror_agentic(metrics, rounds):
+    """A baseline that ignores feedback answers each refinement round with its first answer, which scores the
+    same: its agentic metrics are its direct ones, copied instead of simulated `rounds` more times."""
+    out = {**metrics, "rounds": rounds, "rounds_run": 0, "agentic": metrics["direct"],
+           "agentic_note": "the policy ignores feedback: every round repeats round 0's answer"}
+    out["by_round"] = [{**metrics["by_round"][0], "round": r} for r in range(rounds + 1)]
+    return out
+
+
+def _load_policy(args, tasks=()):
+    if is_baseline(args.model):
+        if args.adapter:
+            raise SystemExit(f"evaluate.py: the baseline {args.model} takes no --adapter")
+        return baseline_policy(args.model, tasks, answer_mode=args.answer_mode, seed=args.seed,
+                               random_cycles=args.random_cycles, random_reset_period=args.random_reset_period,
+                               target_mode=getattr(args, "target_mode", "cvdp"))
     model, tok = common.load_model(args.model, quant=args.quant)
     if args.adapter:
         model = common.load_adapter(model, args.adapter)
@@ -394,8 +427,15 @@ def _load_policy(args):
 def _add_model_args(p):
     p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
                    help="testbench: whole testbenches; stimulus: the kit writes the harness, the model the stimulus")
-    p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2)")
+    p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2); or a "
+                   "baseline with no weights, run on CPU: `random` (constrained-random stimulus, stimulus mode) or "
+                   f"`teacher:LEVEL` (the template teacher; LEVEL one of {', '.join(teacher.LEVELS)})")
+    p.add_argument("--random-cycles", type=int, default=floor.CYCLES,
+                   help="--model random: random cycles per stimulus (its budget, within the harness watchdog)")
+    p.add_argument("--random-reset-period", type=int, default=floor.RESET_PERIOD,
+                   help="--model random: reset_dut() every this many random cycles (0: only at the start)")
     p.add_argument("--adapter", default=None, help="peft adapter folder to apply")
+    common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="passed to common.load_model")
     p.add_argument("--temperature", type=float, default=0.7, help="paper eval: 0.7")
     p.add_argument("--top-p", type=float, default=0.8, help="paper eval: 0.8")
@@ -426,6 +466,9 @@ def add_eval_args(p):
 def cmd_eval(args):
     dist.init()                 # several processes: before the model lands on this rank's GPU
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
+    if args.model == "random" and args.answer_mode != "stimulus":
+        print("eval: the random baseline is a stimulus for the kit's harness: answer mode stimulus")
+        args.answer_mode = "stimulus"
     rounds = 0 if args.mode == "direct" else args.rounds
     config = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     config["rounds"] = rounds
@@ -435,10 +478,15 @@ def cmd_eval(args):
     if fell_back:
         print(f"eval: {len(fell_back)} task(s) in testbench mode, the kit cannot harness them: "
               + "; ".join(list(fell_back.values())[:3]))
-    policy = _load_policy(args)
-    samples, metrics = run_eval(policy, tasks, n=args.n, rounds=rounds, sim_workers=args.sim_workers,
+    policy = _load_policy(args, tasks)
+    repeats = getattr(policy, "ignores_feedback", False)         # the random baseline
+    if repeats and rounds:
+        print(f"eval: {args.model} ignores feedback: run direct, its {rounds} refinement rounds reported as round 0")
+    samples, metrics = run_eval(policy, tasks, n=args.n, rounds=0 if repeats else rounds, sim_workers=args.sim_workers,
                                 seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode,
                                 answer_mode=args.answer_mode)
+    if repeats and rounds:
+        metrics = mirror_agentic(metrics, rounds)
     if dist.is_main():
         write_eval(args.out, samples, metrics, config)
     print("\n".join(summary_lines(metrics)))
@@ -851,7 +899,7 @@ def add_generate_args(p):
 
 def cmd_generate(args):
     task = make_task(args.rtl, args.top, args.inst, args.spec, args.target)
-    policy = _load_policy(args)
+    policy = _load_policy(args, [task])
     rep = generate_testbench(policy, task, n=args.n, rounds=args.rounds, out_dir=args.out,
                              sim_workers=args.sim_workers, seed=args.seed, answer_mode=args.answer_mode)
     res = rep["result"] or {}

@@ -608,6 +608,44 @@ class TemplateTeacher:
         return [fix(t)(t, a, r, self.seed) for t, a, r in states]
 
 
+def teacher_policy(tasks, level="strong", mode="testbench", seed=0, target_mode="cvdp", sim_cfg=None):
+    """The template teacher as an evaluation Policy (message lists -> answer texts): the baseline
+    `teacher:LEVEL` of evaluate.py. A Policy sees messages only, so the task is found by its first user
+    message (harness.first_messages of each of `tasks`), and the k-th initial prompt of a task is answered
+    with seed + k (as TemplateTeacher.direct's n tries). A refinement state [system, user, answer, feedback]
+    is answered by TemplateTeacher.refine, which needs the scorer's structured result: the answer shown is
+    scored again here (once per distinct answer; the scorer is deterministic), since the feedback text
+    holds only part of it. A design the teacher cannot drive gets a text without code (no_code)."""
+    import onpolicy         # here: it imports torch, which the data builders need not pay for
+
+    by_prompt = {harness.first_messages(t, mode)[1]["content"]: t for t in tasks}
+    teach = TemplateTeacher(level, seed, mode)
+    seen, scored = {}, {}
+
+    def result_of(task, text):
+        key = (task["id"], text)
+        if key not in scored:
+            _, job, res = onpolicy.prepare_answer(task, text, target_mode, mode)
+            scored[key] = res if job is None else sim.simulate(job, sim_cfg).to_dict()
+        return None if onpolicy.is_parse_failure(scored[key]) else scored[key]
+
+    def answer(msgs):
+        task = by_prompt.get(msgs[1]["content"])
+        if task is None:
+            raise ValueError("teacher baseline: a prompt of no task it was given (build it with the eval's tasks)")
+        try:
+            if len(msgs) > 2:
+                return teach.refine([(task, msgs[2]["content"], result_of(task, msgs[2]["content"]))])[0]
+            k = seen[task["id"]] = seen.get(task["id"], -1) + 1
+            return TemplateTeacher(level, seed + k, mode).direct([task], 1)[0][0]
+        except TeacherError as e:
+            return f"The template teacher cannot drive this design: {e}"
+
+    def policy(messages_list):
+        return [answer(m) for m in messages_list]
+    return policy
+
+
 class HFTeacher:
     """A teacher that is a loaded HF causal LM (common.load_model / common.tiny_model), sampled with
     common.generate. `adapter_name`: a peft adapter on the model made active for each call (the one
