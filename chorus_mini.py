@@ -88,6 +88,9 @@ PROFILES = {
         "gpus": 1,                 # processes (one GPU each) for the sft/rl/opd/val/eval stages: > 1 runs them with
                                    # `accelerate launch --multi_gpu --num_processes N` (dist.py); sim_workers is per process
         "sim_workers": 2,          # parallel simulator processes
+        "gpu_mem_gib": None,       # GPU memory each stage's process may use, GiB ($CHORUS_GPU_CAP_GIB for the children);
+        "gpu_share": None,         # None: $CHORUS_GPU_SHARE (default all) of what is free when a stage starts. Runs
+                                   # sharing a GPU set one of the two (e.g. gpu_share=1/4 for four lanes)
         "target_mode": "icarus",   # pass targets: the kit's Icarus-calibrated ones when a task has them, else CVDP's
         "answer_mode": "stimulus",   # stimulus: the kit writes the harness from the DUT's ports, the model only the
                                    # stimulus (harness.py; a design it cannot harness stays testbench); testbench: the
@@ -301,7 +304,7 @@ OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail"
 # --set key=value (nanoGPT's configurator, checked)
 
 # keys that are None in every profile, and the type their value takes when set
-NULLABLE_KEYS = {"sft_val_every": int, "tune_limit": int}
+NULLABLE_KEYS = {"sft_val_every": int, "tune_limit": int, "gpu_mem_gib": float, "gpu_share": str}
 
 
 def key_types(key):
@@ -769,6 +772,16 @@ def compare_cmd(o, names, out, sub="eval"):
 
 def cmd_run(args):
     c = apply_overrides(PROFILES[args.profile], args.set)
+    if c["gpu_mem_gib"] is not None:    # each stage's process keeps to this budget (common.apply_gpu_cap)
+        if not c["gpu_mem_gib"] > 0:
+            raise SystemExit(f"chorus_mini.py: gpu_mem_gib={c['gpu_mem_gib']!r}: expected a size in GiB above 0")
+        os.environ[common.GPU_CAP_ENV] = f"{c['gpu_mem_gib']:g}"
+    if c["gpu_share"] is not None:
+        try:
+            common.parse_share(c["gpu_share"])
+        except ValueError as e:
+            raise SystemExit(f"chorus_mini.py: gpu_share: {e}") from None
+        os.environ[common.GPU_SHARE_ENV] = str(c["gpu_share"])
     o = Path(args.out or ROOT / "runs" / args.profile).resolve()
     model = rel(o / "data/tiny_model") if c["model"] == "tiny" else c["model"]
     ctx = argparse.Namespace(out=o, only=set(args.only or []))

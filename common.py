@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,26 +86,57 @@ def apply_sdpa_env():
     return False
 
 
+GPU_SHARE_ENV = "CHORUS_GPU_SHARE"   # without a cap: this share of the memory free at start (default 1)
+
+
+def parse_share(text):
+    """A share of the GPU: '0.25', '1/4' -> 0.25; in (0, 1]. Raises ValueError with the reason."""
+    try:
+        num, _, den = str(text).strip().partition("/")
+        share = float(num) / (float(den) if den else 1.0)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"GPU share {text!r}: expected a number in (0, 1] or a fraction like 1/4") from None
+    if not 0 < share <= 1:
+        raise ValueError(f"GPU share {text!r}: expected a number in (0, 1] or a fraction like 1/4")
+    return share
+
+
 def apply_gpu_cap():
-    """Apply $CHORUS_GPU_CAP_GIB once per process (cap_memory), the first time the kit puts something on
-    CUDA (pick_device, load_model). Returns the cap's record, or None (no variable, no CUDA, or 0).
-    A value that is not a positive number ends the script with one line. Also applies apply_sdpa_env()."""
+    """Fix this process's GPU memory budget once, the first time the kit puts something on CUDA
+    (pick_device, load_model), and return its record (None without CUDA):
+    - $CHORUS_GPU_CAP_GIB (or --gpu-mem-gib, which sets it): a card of that many GiB (cap_memory; 0 = the
+      whole card, no budget);
+    - else $CHORUS_GPU_SHARE (default 1) of the memory free at that moment, so that processes sharing one
+      GPU (lanes, parallel evals) each keep to their part, and no process grows past what it was given.
+    Everything that sizes itself from the GPU (the fast decoder's KV cache, sft's micro-batches) then
+    sizes from the budget, so a run's answers do not depend on what else holds the card. A value that is
+    not a positive number ends the script with one line. Also applies apply_sdpa_env()."""
     apply_sdpa_env()
     if _CAP["applied"]:
         return _CAP["record"]
+    if not torch.cuda.is_available():
+        return None
     text = os.environ.get(GPU_CAP_ENV, "").strip()
-    if not text or not torch.cuda.is_available():
-        return None
-    try:
-        cap = float(text)
-    except ValueError:
-        raise ValueError(f"${GPU_CAP_ENV}={text!r}: expected a size in GiB (e.g. 24)") from None
+    share_text = os.environ.get(GPU_SHARE_ENV, "").strip() or "1"
+    if text:
+        try:
+            cap = float(text)
+        except ValueError:
+            raise ValueError(f"${GPU_CAP_ENV}={text!r}: expected a size in GiB (e.g. 24)") from None
+        if cap < 0:
+            raise ValueError(f"${GPU_CAP_ENV}={text!r}: expected a size in GiB (e.g. 24; 0 = the whole card)")
+        if cap == 0:                # the whole card, no budget: the fast decoder's half-of-free rule alone
+            _CAP["applied"] = True
+            return None
+    else:
+        share = parse_share(share_text)
+        free, _ = torch.cuda.mem_get_info()
+        cap = share * (free + torch.cuda.memory_reserved()) / GIB
     _CAP["applied"] = True
-    if cap <= 0:
-        return None
     record = cap_memory(cap)
-    print(f"[common] ${GPU_CAP_ENV}={text}: emulating a {cap:g} GiB card on {record['gpu']} "
-          f"({record['total_gib']} GiB; fraction {record['cap_fraction']})")
+    record["budget_from"] = f"${GPU_CAP_ENV}" if text else f"{share_text} of the free memory at start"
+    print(f"[common] GPU memory budget {cap:.2f} GiB on {record['gpu']} ({record['total_gib']} GiB; "
+          f"{record['budget_from']})")
     return record
 
 
@@ -187,7 +219,33 @@ def gpu_peak():
     reserved = max(_PEAK["reserved"], torch.cuda.max_memory_reserved())
     allocated = max(_PEAK["allocated"], torch.cuda.max_memory_allocated())
     return {"max_memory_reserved_gib": round(reserved / GIB, 3), "max_memory_allocated_gib": round(allocated / GIB, 3),
-            "cap_gib": (_CAP["record"] or {}).get("cap_gib")}
+            "cap_gib": (_CAP["record"] or {}).get("cap_gib"), "budget_from": (_CAP["record"] or {}).get("budget_from"),
+            "kv_peak_gib": round(fastgen.MEMORY["kv_peak_bytes"] / GIB, 3), "oom_retries": fastgen.MEMORY["oom_retries"]}
+
+
+class _GpuMemAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values <= 0:
+            parser.error(f"{option_string} {values:g}: expected a size in GiB above 0")
+        set_gpu_mem(values)
+        setattr(namespace, self.dest, values)
+
+
+def add_gpu_mem_arg(p):
+    """--gpu-mem-gib of every script that loads a model: the process's GPU memory budget (apply_gpu_cap).
+    Parsing it exports $CHORUS_GPU_CAP_GIB, so the script needs no other line for it."""
+    p.add_argument("--gpu-mem-gib", type=float, default=None, action=_GpuMemAction,
+                   help=f"GPU memory this process may use, GiB (sets ${GPU_CAP_ENV}; default: "
+                        f"${GPU_SHARE_ENV}, 1 = all, of the memory free at start)")
+
+
+def set_gpu_mem(gib):
+    """Apply --gpu-mem-gib: export it as $CHORUS_GPU_CAP_GIB before the first CUDA use (a child inherits it)."""
+    if gib is None:
+        return
+    if gib <= 0:
+        raise SystemExit(f"--gpu-mem-gib {gib}: expected a size in GiB above 0")
+    os.environ[GPU_CAP_ENV] = f"{gib:g}"
 
 
 def gpu_peak_mib():
@@ -796,12 +854,24 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
     out = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
         torch.manual_seed(seed)
-        for i in range(0, len(prompts), batch_size):
-            batch = prompts[i:i + batch_size]
+        i, most = 0, batch_size     # most: lowered for good by an out-of-memory event (the batch is retried)
+        while i < len(prompts):
+            batch = prompts[i:i + most]
             input_ids, mask = fastgen.left_pad(batch, tok.pad_token_id, device)
             stops = StoppingCriteriaList([] if ignore_stop else [FenceStop(input_ids.shape[1])])
-            seqs = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gcfg,
-                                  stopping_criteria=stops)
+            try:
+                seqs = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gcfg,
+                                      stopping_criteria=stops)
+            except torch.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise
+                most = max(1, len(batch) // 2)
+                print(f"[common] out of GPU memory at {len(batch)} rows (HF generate); retrying with {most}",
+                      file=sys.stderr)
+                fastgen.MEMORY["oom_retries"] += 1
+                torch.cuda.empty_cache()
+                continue
+            i += len(batch)
             for b, p in enumerate(batch):
                 gen = seqs[b, input_ids.shape[1]:].tolist()
                 out.append(fastgen.cut_completion(tok, p, gen, eos, ticks, max_new_tokens, ignore_stop))

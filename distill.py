@@ -268,6 +268,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # Model, student and teachers
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (None: SmolLM2 GGUF); 'tiny' = random test model")
+    common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="passed to common.load_model: auto | 4bit | none")
     p.add_argument("--student", default="best", help="student adapter to start from, or 'best' (needs --val-metrics)")
     p.add_argument("--teachers", nargs="+", required=True, help="expert adapters (the student is dropped from them)")

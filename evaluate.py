@@ -318,6 +318,55 @@ def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):
     return out
 
 
+def skill_ids(tasks, floors):
+    """The skill subset: the tasks labelled `skill` (a skill split's tasks, data/skill.py) when any task is;
+    else the tasks whose random floor passes with no seed (random_pass 0). floors: {task id: floor record}."""
+    labelled = {t["id"] for t in tasks if t.get("skill")}
+    return labelled or {tid for tid, f in floors.items() if f["random_pass"] == 0}
+
+
+def floor_metrics(per_task, seed=0, n_boot=1000):
+    """What a model adds over constrained random, from a per-task table (compute_metrics') whose rows carry
+    their task's `random_cov` and `skill` flag (add_floor_metrics); rows without a floor are left out:
+    - cov_gain: mean over tasks of max(0, Cov@1 - random_cov), in points (0 where the model is no better);
+    - beats_random: % of tasks whose Cov@1 is above random_cov;
+    - skill: Pass@1 / Cov@1 / cov_gain on the skill subset (skill_ids), the headline where random fails.
+    Each mean carries a 95 % bootstrap interval over tasks, as Pass@1 does."""
+    rows = [r for r in per_task.values() if r.get("random_cov") is not None]
+    if not rows:
+        return {}
+    gain = lambda r: max(0.0, r["cov_mean"] - r["random_cov"])
+
+    def mean_ci(name, values):
+        values = list(values)
+        ci = bootstrap_ci(values, seed=seed, n_boot=n_boot)
+        return {name: float(np.mean(values)) if values else 0.0, **({f"{name}_ci95": ci} if ci else {})}
+    skill = [r for r in per_task.values() if r.get("skill")]
+    return {"floor_tasks": len(rows), **mean_ci("cov_gain", map(gain, rows)),
+            "beats_random": _pct(r["cov_mean"] > r["random_cov"] for r in rows),
+            "random_cov": float(np.mean([r["random_cov"] for r in rows])),
+            "skill": {"tasks": len(skill), **mean_ci("pass@1", (r["pass_rate"] for r in skill)),
+                      **mean_ci("cov@1", (r["cov_mean"] for r in skill)),
+                      **mean_ci("cov_gain", (gain(r) for r in skill if r.get("random_cov") is not None))}}
+
+
+def add_floor_metrics(metrics, tasks, floor_records=None, seed=0, n_boot=1000):
+    """metrics (run_eval's) with each per-task row given its task's `random_cov` and `skill` flag, floor_metrics
+    in each mode, and the skill subset's ids (`skill_ids`); unchanged when no task has a floor (its own
+    `random_floor`, or one in floor_records: data/floor.py's file)."""
+    floors = {t["id"]: f for t in tasks if (f := floor.floor_of(t, floor_records))}
+    if not floors:
+        return metrics
+    skill = skill_ids(tasks, floors)
+    out = {**metrics, "skill_ids": sorted(skill)}
+    for mode in ("direct", "agentic"):
+        if mode in out:
+            table = {tid: {**r, "random_cov": floors[tid]["random_cov"] if tid in floors else None,
+                           "skill": tid in skill} for tid, r in out[mode]["per_task"].items()}
+            out[mode] = {**out[mode], "per_task": table, **floor_metrics(table, seed, n_boot)}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # Task selection: fixed tuning / reporting split
 
@@ -380,6 +429,11 @@ def summary_lines(metrics):
                      f"Pass@1 {m['pass@1']:.1f}{ci['pass@1_ci95']}  Pass@{n} {m[f'pass@{n}']:.1f}  "
                      f"Cov@1 {m['cov@1']:.1f}{ci['cov@1_ci95']}  Cov@{n} {m[f'cov@{n}']:.1f}  "
                      f"SynPass {m['syn_pass']:.1f}")
+        if "cov_gain" in m:
+            k = m["skill"]
+            lines.append(f"{'':8s} over random ({m['floor_tasks']} tasks with a floor): cov_gain {m['cov_gain']:.1f}  "
+                         f"beats random on {m['beats_random']:.1f}%  skill subset ({k['tasks']} tasks): "
+                         f"Pass@1 {k['pass@1']:.1f}  Cov@1 {k['cov@1']:.1f}")
     return lines
 
 
@@ -461,6 +515,8 @@ def add_eval_args(p):
     p.add_argument("--mode", choices=("agentic", "direct"), default="agentic",
                    help="direct = --rounds 0; an agentic run also reports direct (round 0)")
     p.add_argument("--target-mode", choices=("cvdp", "icarus"), default="cvdp", help="see sim.job_from_task")
+    p.add_argument("--floor", default=None, help="random-floor JSON (data/floor.py) for cov_gain, beats_random and "
+                   "the skill subset's Pass@1 (tasks with their own `random_floor` need none)")
 
 
 def cmd_eval(args):
@@ -487,6 +543,7 @@ def cmd_eval(args):
                                 answer_mode=args.answer_mode)
     if repeats and rounds:
         metrics = mirror_agentic(metrics, rounds)
+    metrics = add_floor_metrics(metrics, tasks, floor.load_floor(args.floor) if args.floor else None, seed=args.seed)
     if dist.is_main():
         write_eval(args.out, samples, metrics, config)
     print("\n".join(summary_lines(metrics)))
@@ -524,6 +581,8 @@ def compare(result_dirs, out_dir=None, mode=None):
     models = {name: {"pass@1": float(pass_rate[:, j].mean()), "solved": int(solved[:, j].sum()),
                      "solved_pct": 100.0 * float(solved[:, j].mean()), "cov@1": float(cov_mean[:, j].mean())}
               for j, name in enumerate(names)}
+    for name, t in zip(names, tables):          # over random, on the common tasks (evals run with a floor)
+        models[name].update(floor_metrics({i: t[i] for i in tasks}, n_boot=0))
     best_single = max(names, key=lambda n: (models[n]["pass@1"], models[n]["cov@1"]))
     result = {
         "mode": mode, "models": names, "tasks": tasks,
@@ -830,7 +889,9 @@ def cmd_compare(args):
     print(f"compare ({r['mode']}, {len(r['tasks'])} common tasks):")
     for name in r["models"]:
         m = r["per_model"][name]
-        print(f"  {name:{width}s} Pass@1 {m['pass@1']:5.1f}  solved {m['solved']:3d}  Cov@1 {m['cov@1']:5.1f}")
+        print(f"  {name:{width}s} Pass@1 {m['pass@1']:5.1f}  solved {m['solved']:3d}  Cov@1 {m['cov@1']:5.1f}"
+              + (f"  cov_gain {m['cov_gain']:4.1f}  beats random {m['beats_random']:5.1f}%  skill Pass@1 "
+                 f"{m['skill']['pass@1']:5.1f} ({m['skill']['tasks']} tasks)" if "cov_gain" in m else ""))
     o = r["oracle"]
     print(f"  {'oracle union':{width}s} Pass@1 {o['pass@1']:5.1f}  solved {o['solved']:3d}  Cov@1 {o['cov@1']:5.1f}")
     print(f"  best single: {r['best_single']}")

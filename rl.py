@@ -278,6 +278,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # Model and data
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (None: SmolLM2 GGUF); 'tiny' = random test model")
+    common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="common.load_model: auto (4-bit base for >= 1B on CUDA) | none | bf16 | fp32 | 4bit")
     p.add_argument("--adapter", default=None, help="the SFT stage adapter to start from (None: a fresh LoRA)")
     p.add_argument("--lora-r", type=int, default=16, help="rank of a fresh LoRA (ignored with --adapter)")

@@ -576,6 +576,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Model loading
     p.add_argument("--model", default=None, help="HF id, local folder or GGUF (default: the bundled SmolLM2)")
+    common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="passed to common.load_model (auto | none | 4bit ...)")
     p.add_argument("--init-adapter", default=None, help="previous stage's adapter folder (progressive SFT)")
     p.add_argument("--lora-r", type=int, default=16)

@@ -259,3 +259,30 @@ def test_lanes_run_the_profile_through_run_small_with_its_own_simulator_share():
     plain = capbench.profile_argv("4b", Path("/o/4b"), ["sim_workers=7"], None, ["data"])
     assert plain[1:] == ["chorus_mini.py", "run", "--profile", "4b", "--out", "/o/4b", "--set", "sim_workers=7",
                          "--only", "data"]
+
+
+def test_without_a_cap_the_budget_is_a_share_of_the_memory_free_at_start(fake_h200, monkeypatch):
+    """Processes sharing a GPU each keep to their share of what was free when they started (130 GiB free +
+    10 GiB this process already reserved): the budget is fixed once and reported in result.json's peak."""
+    monkeypatch.setenv(common.GPU_SHARE_ENV, "1/4")
+    record = common.apply_gpu_cap()
+    assert record["cap_gib"] == pytest.approx(35) and fake_h200["fraction"] == pytest.approx(35 / 140)
+    assert record["budget_from"] == "1/4 of the free memory at start"
+    assert torch.cuda.mem_get_info()[1] == 35 * G
+    for bad in ("0", "1.5", "x", "1/0"):
+        with pytest.raises(ValueError, match="GPU share"):
+            common.parse_share(bad)
+    assert common.parse_share("0.5") == 0.5
+
+
+def test_gpu_mem_flag_sets_the_cap_for_this_process_and_its_children(monkeypatch):
+    import argparse
+    monkeypatch.delenv(common.GPU_CAP_ENV, raising=False)
+    p = argparse.ArgumentParser()
+    common.add_gpu_mem_arg(p)
+    assert p.parse_args(["--gpu-mem-gib", "10"]).gpu_mem_gib == 10
+    assert __import__("os").environ[common.GPU_CAP_ENV] == "10"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--gpu-mem-gib", "0"])
+    with pytest.raises(SystemExit, match="above 0"):
+        common.set_gpu_mem(-1)

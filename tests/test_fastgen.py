@@ -445,3 +445,23 @@ def test_slot_for_keeps_to_the_budget_on_any_device(monkeypatch):
     slot3, n = fastgen._slot_for(st, 16, 512, cpu, budget=1)
     assert (slot3["R"], n) == (1, 1)
     assert fastgen.MEMORY["kv_peak_bytes"] >= 16 * per
+
+
+def test_hf_path_retries_a_batch_that_runs_out_of_memory(monkeypatch, capsys):
+    """The reference path halves a batch that runs out of memory and keeps every answer whole (greedy:
+    the same tokens as the uncut call)."""
+    model, tok = common.tiny_model(0)
+    prompts = _short_then_long(tok)
+    kw = dict(max_new_tokens=12, temperature=0, top_p=1.0, seed=0, batch_size=4, ignore_stop=True)
+    whole = common._generate_hf(model, tok, prompts, **kw)
+    real, sizes = model.generate, []
+
+    def refusing(*a, **k):
+        sizes.append(k["input_ids"].shape[0])
+        if sizes[-1] > 1:
+            raise torch.OutOfMemoryError("fake allocator: no room")
+        return real(*a, **k)
+    monkeypatch.setattr(model, "generate", refusing)
+    cut = common._generate_hf(model, tok, prompts, **kw)
+    assert sizes == [4, 2, 1, 1, 1, 1] and _tokens(cut) == _tokens(whole)
+    assert "retrying with 2" in capsys.readouterr().err
