@@ -689,7 +689,7 @@ def both(verdicts):
         "does not hold" if "does not hold" in verdicts else "inconclusive"
 
 
-def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0):
+def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2000, margin=2.0, skill=None):
     """The paper's four claims (docs/method.md §2.4) on one eval folder (a subfolder per model, each with
     metrics.json), or on several whose task sets are disjoint (one split evaluated in parts: each model's
     per-task tables are joined; a task in two folders is an error), in points of Pass@1 (metric pass_rate) or
@@ -714,7 +714,9 @@ def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2
     How much a split can show: each claim counts its `separating_tasks` (the claim's models do not all score
     the same there; the others add 0 to every difference above), and (b) its `room`: the points the best expert
     leaves below 100 (the most any oracle gain could be), on how many tasks, and how many of them no expert
-    scores on at all (a task no stimulus can pass looks like this: results/small2/ceiling/)."""
+    scores on at all (a task no stimulus can pass looks like this: results/small2/ceiling/).
+    skill: restrict every claim to the skill split: a set of task ids, or True for the tasks the evals flagged
+    `skill` (add_floor_metrics: evaluated with a random floor); the noise floors are computed the same way."""
     if n_boot < 1:
         raise SystemExit(f"claims: n_boot must be at least 1, got {n_boot}")
     sft, experts = CLAIM_MODELS["sft"], CLAIM_MODELS["experts"]
@@ -738,6 +740,11 @@ def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2
                     raise SystemExit(f"claims: {name}'s task {twice[0]} is in two of the folders "
                                      f"({len(twice)} tasks in all); give folders of disjoint task sets")
                 tab.update(m[k]["per_task"])
+    only = None if skill is None else set(skill) if skill is not True else {
+        t for ms in metrics.values() for m in ms.values() for t, r in m["per_task"].items() if r.get("skill")}
+    if only is not None and not only:
+        raise SystemExit("claims: --skill: no task of the evals is flagged skill (evaluate with --floor, or give the "
+                         "skill split's task file)")
 
     def table(*names):
         """(mode, tasks, {name: column}, per-task samples) over the tasks every one of `names` has."""
@@ -747,12 +754,14 @@ def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2
             return None
         tasks = sorted(set.intersection(*(set(t) for t in tabs.values())))
         tasks = [t for t in tasks if all(tabs[n][t].get("samples", 0) > 0 for n in names)]   # (none in metrics.json)
+        dropped = len(set.union(*(set(t) for t in tabs.values())) - set(tasks))
+        tasks = [t for t in tasks if only is None or t in only]
         cols = {n: np.array([tabs[n][t][metric] for t in tasks], dtype=float) for n in names}
         n_of = lambda r: r.get("samples", 0)
         passes_of = lambda r: r["passes"] if "passes" in r else round(r["pass_rate"] * n_of(r) / 100)
         counts = lambda get: np.array([[get(tabs[n][t]) for n in names] for t in tasks], dtype=int).reshape(len(tasks), -1)
         return {"mode": m, "tasks": tasks, "cols": cols, "samples": counts(n_of), "passes": counts(passes_of),
-                "dropped": len(set.union(*(set(t) for t in tabs.values())) - set(tasks))}
+                "dropped": dropped}
 
     have = lambda *names: all(n in metrics for n in names)
     boot = lambda x, stat: paired_bootstrap(x, stat, seed=seed, n_boot=n_boot)
@@ -761,7 +770,8 @@ def claims(eval_dir, *more_dirs, mode=None, metric="pass_rate", seed=0, n_boot=2
     info = lambda t: {"mode": t["mode"], "tasks": len(t["tasks"]), "dropped_tasks": t["dropped"],
                       "separating_tasks": int(np.ptp(np.stack(list(t["cols"].values())), axis=0).astype(bool).sum())}
     out = {"eval_dir": str(eval_dir), **({"more_dirs": [str(d) for d in more_dirs]} if more_dirs else {}),
-           "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin, "means": {}, "claims": {}, "missing": []}
+           "metric": metric, "n_boot": n_boot, "seed": seed, "margin": margin, "means": {}, "claims": {}, "missing": [],
+           **({"skill_tasks": len(only)} if only is not None else {})}
     for key, names in (("a", (*sft, *experts)), ("b", experts), ("c", (*experts, "soup")),
                        ("d", ("opd", "soup", "opd_nogate"))):
         t = table(*names) if have(*names) else None
@@ -832,7 +842,8 @@ def claims_markdown(c):
                      + (f", best expert {r['best_expert']}" if "best_expert" in r else ""))
             rows.append(f"| ({key}) {r['claim']} | {where} | " + "; ".join(f(s, r[s]) for s in stats) + extra
                         + f" | **{r['verdict']}** |")
-    return [f"{unit} differences in points, each with its 95 % paired bootstrap interval over tasks ({c['n_boot']} "
+    where = f" on the skill split ({c['skill_tasks']} tasks random stimulus fails)" if "skill_tasks" in c else ""
+    return [f"{unit} differences in points{where}, each with its 95 % paired bootstrap interval over tasks ({c['n_boot']} "
             "resamples); a gap or oracle gain, never below 0, must also clear its noise floor (evaluate.claims)", "",
             "| claim | tasks | statistic | verdict |", "|---|---|---|---|", *rows,
             *([""] + [f"Not measured (models missing): {', '.join(c['missing'])}"] if c["missing"] else [])]
@@ -848,11 +859,24 @@ def add_claims_args(p):
     p.add_argument("--margin", type=float, default=2.0, help="claim (c)'s non-inferiority margin, in points")
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skill", nargs="?", const=True, default=None, metavar="FILE",
+                   help="only the skill split's tasks: those the evals flagged skill (no FILE), the ids of a task "
+                   "JSONL (its `skill`-labelled ones when it has any), or a floor JSON's tasks random never passes")
+
+
+def skill_file_ids(path):
+    """The skill split's task ids from a task JSONL (the `skill`-labelled tasks, or all when none is) or from a
+    random-floor JSON (data/floor.py: the tasks whose random_pass is 0)."""
+    if str(path).endswith(".json"):
+        return {r["id"] for r in floor.load_floor(path).values() if r.get("random_pass") == 0}
+    tasks = sim.load_tasks(path)
+    return {t["id"] for t in tasks if t.get("skill")} or {t["id"] for t in tasks}
 
 
 def cmd_claims(args):
+    skill = args.skill if args.skill in (None, True) else skill_file_ids(args.skill)
     c = claims(*args.eval_dir, mode=args.mode, metric=args.metric, seed=args.seed, n_boot=args.n_boot,
-               margin=args.margin)
+               margin=args.margin, skill=skill)
     print("\n".join(claims_markdown(c)))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

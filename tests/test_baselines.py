@@ -143,3 +143,39 @@ def test_floor_cli(tmp_path, capsys):
     rec = floor.load_floor(out)[floor.task_key(TASKS[0])]
     assert rec["random_cov"] == 100.0 and rec["signature"]["budgets"] == [[100, None]]
     assert "random fails 0" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics over the floor
+
+def test_floor_metrics_by_hand():
+    row = lambda p, c, rc, skill: {"samples": 2, "pass_rate": p, "cov_mean": c, "random_cov": rc, "skill": skill}
+    table = {"a": row(100.0, 100.0, 80.0, False), "b": row(0.0, 50.0, 60.0, True), "c": row(50.0, 70.0, 40.0, True),
+             "d": row(0.0, 10.0, None, False)}                       # d has no floor: left out
+    m = evaluate.floor_metrics(table, n_boot=0)
+    assert m["floor_tasks"] == 3 and m["cov_gain"] == pytest.approx(50 / 3)     # (20 + 0 + 30) / 3
+    assert m["beats_random"] == pytest.approx(200 / 3) and m["random_cov"] == 60.0
+    assert m["skill"] == {"tasks": 2, "pass@1": 25.0, "cov@1": 60.0, "cov_gain": 15.0}
+    assert evaluate.floor_metrics({"d": table["d"]}) == {}
+
+
+def test_skill_subset_is_the_labelled_tasks_else_where_random_fails():
+    floors = {"a": {"random_pass": 0.0, "random_cov": 50.0}, "b": {"random_pass": 1.0, "random_cov": 99.0}}
+    assert evaluate.skill_ids([{"id": "a"}, {"id": "b"}], floors) == {"a"}
+    assert evaluate.skill_ids([{"id": "a"}, {"id": "b", "skill": {"source": "family"}}], floors) == {"b"}
+
+
+@pytest.mark.needs_iverilog
+def test_eval_with_a_floor_reports_gain_and_the_skill_subset(tmp_path):
+    floor.save_floor(tmp_path / "floor.json", floor.calibrate_floor(TASKS, ((100, None),), progress=False))
+    tasks = write_tasks(tmp_path / "tasks.jsonl", TASKS)
+    assert evaluate.main(["eval", "--model", "random", "--tasks", tasks, "--out", str(tmp_path / "random"), "--n", "1",
+                          "--mode", "direct", "--random-cycles", "100", "--random-reset-period", "0",
+                          "--floor", str(tmp_path / "floor.json"), "--sim-workers", "1"]) == 0
+    m = json.loads((tmp_path / "random" / "metrics.json").read_text())
+    d = m["direct"]
+    assert m["skill_ids"] == ["t_lock"] and d["floor_tasks"] == 2 and d["skill"]["tasks"] == 1
+    assert d["skill"]["pass@1"] == 0.0 and d["per_task"]["t_mux"]["random_cov"] == 100.0
+    assert d["cov_gain"] >= 0.0 and d["per_task"]["t_lock"]["skill"] is True
+    c = evaluate.compare([tmp_path / "random", tmp_path / "random"])
+    assert c["per_model"][c["models"][0]]["skill"]["tasks"] == 1

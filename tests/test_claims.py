@@ -10,9 +10,10 @@ import evaluate
 N = 40
 
 
-def write_model(root, name, pass_rates):
+def write_model(root, name, pass_rates, skill=()):
     per_task = {f"t{i:02d}": {"samples": 5, "passes": round(p / 20), "pass_rate": float(p), "cov_mean": float(p) / 2,
-                              "cov_max": 0.0, "syn_rate": 100.0} for i, p in enumerate(pass_rates)}
+                              "cov_max": 0.0, "syn_rate": 100.0, **({"skill": f"t{i:02d}" in skill} if skill else {})}
+                for i, p in enumerate(pass_rates)}
     d = root / name
     d.mkdir(parents=True)
     (d / "metrics.json").write_text(json.dumps({"agentic": {"per_task": per_task}, "direct": {"per_task": per_task}}))
@@ -170,3 +171,38 @@ def test_pooled_samples_null_deals_each_tasks_passes_among_unequal_sample_counts
     assert abs(share[2] - 2 * share[0]) < 0.5 and abs(share.sum() - 9) < 1e-9
     with pytest.raises(ValueError, match="at least one sample"):
         evaluate.pooled_samples_null(passes, samples * 0, lambda a: a)
+
+
+def test_claims_on_the_skill_split(tmp_path, capsys):
+    """Even tasks are the skill split: there rl0 passes the first half and rl1 the second (oracle 100, best 50);
+    on the odd tasks every expert passes (random stimulus solves them). All tasks: oracle gain 25; skill: 50."""
+    skill = {f"t{i:02d}" for i in range(0, N, 2)}
+    first = {f"t{i:02d}" for i in range(0, N // 2, 2)}
+    rl0 = [100.0 if f"t{i:02d}" not in skill or f"t{i:02d}" in first else 0.0 for i in range(N)]
+    rl1 = [100.0 if f"t{i:02d}" not in skill or f"t{i:02d}" not in first else 0.0 for i in range(N)]
+    for name, rates in {"rl0": rl0, "rl1": rl1, "rl2": [0.0] * N}.items():
+        write_model(tmp_path / "eval", name, rates, skill=skill)
+    every = evaluate.claims(tmp_path / "eval", n_boot=200)
+    assert every["claims"]["b"]["oracle_minus_best"]["point"] == 25.0 and "skill_tasks" not in every
+    flagged = evaluate.claims(tmp_path / "eval", n_boot=200, skill=True)
+    b = flagged["claims"]["b"]
+    assert flagged["skill_tasks"] == N // 2 and b["tasks"] == N // 2 and b["dropped_tasks"] == 0
+    assert b["oracle_minus_best"]["point"] == 50.0 and b["verdict"] == "holds"
+    assert evaluate.claims(tmp_path / "eval", n_boot=200, skill=skill)["claims"] == flagged["claims"]
+    # the split as a task file, or as a floor file (the tasks random never passes)
+    tasks = tmp_path / "skill.jsonl"
+    tasks.write_text("".join(json.dumps({"id": t, "rtl_files": [], "dut_module_name": "m", "dut_instance_name": "uut"})
+                             + "\n" for t in sorted(skill)))
+    floor = tmp_path / "floor.json"
+    floor.write_text(json.dumps({"version": 1, "tasks": {f"t{i:02d}:0": {"id": f"t{i:02d}", "random_cov": 50.0,
+                                                                       "random_pass": 0.0 if i % 2 == 0 else 1.0}
+                                                        for i in range(N)}}))
+    assert evaluate.skill_file_ids(tasks) == skill == evaluate.skill_file_ids(floor)
+    assert evaluate.main(["claims", str(tmp_path / "eval"), "--skill", str(floor), "--n-boot", "200",
+                          "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["skill_tasks"] == N // 2
+    assert f"on the skill split ({N // 2} tasks" in capsys.readouterr().out
+    for name in ("rl0", "rl1", "rl2"):                # evaluated without a floor: nothing is flagged
+        write_model(tmp_path / "plain", name, [50.0] * N)
+    with pytest.raises(SystemExit, match="flagged skill"):
+        evaluate.claims(tmp_path / "plain", n_boot=200, skill=True)
