@@ -200,7 +200,7 @@ PROFILES["small"] = {
                                # memory, at most 65536). The loss divides by the whole batch's tokens, so only the
                                # split differs. SmolLM2 without checkpointing keeps ~1.1 MB of activations per token:
                                # ~8k-token micro-batches under a 24 GiB cap, the 65536 ceiling on an H200, where big
-                               # micro-batches are faster (session 6: 6 s per update at 16384, ~13 s at 8192,
+                               # micro-batches are faster (H200: 6 s per update at 16384, ~13 s at 8192,
                                # results/rl_throughput.md); release_fast None frees the decoder's state on a < 40 GiB card
     "train_tasks": 400,        # -> about 370 after decontamination; SFT rows and the RL prompt pool
     "real_tasks": 1000,        # + 1000 real designs of the shared corpus (results/corpus.md: 1555 pass every filter)
@@ -253,7 +253,7 @@ PROFILES["small"] = {
 }
 
 # Qwen3-4B-class model on one 24 GB GPU. Memory settings measured by bench/bench_4b.py at commit ea1538f, before
-# session 4's attention change to the fast decoder (results/bench.md); the training steps do not use that code.
+# the attention change to the fast decoder (results/bench.md); the training steps do not use that code.
 PROFILES["4b"] = {
     **PROFILES["small"],
     "model": "Qwen/Qwen3-4B-Instruct-2507",  # the paper's student (HF id; needs the hub or a local copy)

@@ -567,7 +567,7 @@ def micro_batches(rows, max_tokens):
 
 
 # --max-tokens-per-micro auto: the micro-batch budget sized from the memory the card has. A 135M model is
-# launch-bound at small micro-batches (session 6 on an H200: 6 s per update at 16384 padded tokens per
+# launch-bound at small micro-batches (on an H200: 6 s per update at 16384 padded tokens per
 # micro-batch, ~13 s at 8192 with rows sorted by length, in another call), so a large card should take big
 # ones, a 24 GB card smaller ones.
 AUTO_FILL = 0.6          # of the free memory (within $CHORUS_GPU_CAP_GIB) one micro-batch may use

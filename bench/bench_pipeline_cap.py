@@ -26,9 +26,9 @@ What it does, in order:
     result.json under OUT/P/S: setup.gpu_peak, written by rundir.write_result; null on CPU) and
     nvidia-smi's whole-GPU peak (done.json), into --json; prints the markdown section last.
 
-MEASURED (H200, session 10, results/bench.md): the time is mostly process start-up, ~30 GPU processes a profile
+MEASURED (H200, results/bench.md): the time is mostly process start-up, ~30 GPU processes a profile
 (sft x3, data2, rl x3, merge 5 merges + 15 candidate evaluations, val x3, opd x3, eval x14; eval_syn has no tasks
-with --skip-eval-syn, the default). small: all stages in ~5-6 min (session 7). 4b: data..opd_nogate took ~1150 s
+with --skip-eval-syn, the default). small: all stages in ~5-6 min. 4b: data..opd_nogate took ~1150 s
 of stages over three calls, the merge stage ~700 s of it with 58 tuning tasks (now 4, BUDGETS), plus building the
 4B folder once (~200 s with transformers' initialiser and a masked statistics pass, both since removed; not
 re-measured). Over 10 minutes (one device call's limit): run the same command again (finished stages are skipped),
@@ -62,7 +62,7 @@ BUDGETS = {
                "stage2_n": 1, "max_new_tokens": 64, "rl_steps": 2, "rl_prompts": 2, "rl_max_extra_prompts": 2,
                "opd_steps": 2, "opd_prompts": 2, "eval_limit": 2, "eval_n": 1, "eval_rounds": 1, "val_n": 1,
                "val_rounds": 0, "test_tasks": 2, "test_n": 1, "test_rounds": 0, "save_every": 10,
-               # 4 tuning tasks: SFT validation, the 15 merge candidates and val evaluate them (session 10: 58 tasks
+               # 4 tuning tasks: SFT validation, the 15 merge candidates and val evaluate them (58 tasks
                # made the 4b merge stage ~700 s, mostly evaluation)
                "tune_limit": 4},
     # small: 8 tasks x 2 teacher tries -> ~16 stage-0 rows: one full 16-row SFT micro-batch, the case the cap is about
@@ -96,15 +96,15 @@ def budget_sets(profile, args):
 # -----------------------------------------------------------------------------
 # The 4B-shaped random model
 
-BUILD_VERSION = 2     # 1 (session 8): built on the GPU by transformers' own init; its SFT gradients overflowed
+BUILD_VERSION = 2     # 1: built on the GPU by transformers' own init; its SFT gradients overflowed
 
 
 def init_random_weights(model, std=0.02, seed=0):
     """Every weight of `model` drawn here, on CPU, from one seeded generator: linear and embedding matrices
     N(0, std), norm weights 1, biases 0. The 4B folder then does not depend on the transformers version or the
-    device that built it (session 9: with a folder built on the H200 by transformers 5.17's initialiser, the
+    device that built it (with a folder built on the H200 by transformers 5.17's initialiser, the
     gradient of every 4b SFT step grew ~500x per layer and overflowed, in every attention kernel and precision;
-    on CPU, freshly initialised weights of the same width give gradients that shrink with depth. Session 10: on a
+    on CPU, freshly initialised weights of the same width give gradients that shrink with depth. On a
     folder drawn here, the same GPU, kernels and autocast gave finite gradients in every step, so the folder was the
     cause: results/bench.md)."""
     import torch

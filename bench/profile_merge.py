@@ -17,7 +17,7 @@ per-module phases by full_layers / layers and adds the fixed part (start-up, con
 files) once. It is an estimate, marked as such; a full-size run (--layers 0 = all) measures it.
 The merge stage merges each method once and rescales it to the profile's other merge_lams (merge.py --rescale,
 a fraction of a second each), so one merge per method (lambda 1, the default here) is the stage's merge work;
---all-lams merges at every lambda (the stage before session 9).
+--all-lams merges at every lambda (what the stage did before --rescale).
 The "drop" phase (DARE/DELLA's random draws) runs in one thread per expert: its seconds add up the threads'
 wall times, an upper bound of the phase's share of the merge.
 """

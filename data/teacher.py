@@ -63,7 +63,7 @@ EXHAUSTIVE_BITS = 12        # sweep every input combination when the data inputs
 # Cap on a refinement's long run (counters/FSMs). One long run is up to ~2.6 x this many clock periods of 10
 # time units (three phases: random bursts, sparse values, all-ones); two refinements on the strong template
 # must end inside the scorer's simulated-time limit (sim.SIM_TIME_LIMIT_DEFAULT, 1e6 units): 65536 took
-# 1.7e6, and 14 % of the testbench-mode stage-1 states of session 5 hit the limit.
+# 1.7e6, and 14 % of the testbench-mode stage-1 states of results/stage0_real_mix.md's build hit it.
 MAX_DEEP_CYCLES = sim.SIM_TIME_LIMIT_DEFAULT // (2 * 3 * 10)      # 16666 cycles
 CYCLE_BUDGET_CHARS = 4000   # RTL size (characters) up to which cycle counts are used as written; larger
                             # designs get proportionally fewer cycles (issue 16: 20 s timeouts)
