@@ -117,7 +117,7 @@ def test_a_stage_that_did_not_finish_keeps_the_end_of_its_log(tmp_path):
 
 
 def test_collect_counts_training_steps_whose_gradient_was_not_finite(tmp_path):
-    """Session 8's 4b SFT steps were all skipped (a finite loss, a NaN gradient) and the table did not say so."""
+    """The 9fba6bc cap run's 4b SFT steps were all skipped (a finite loss, a NaN gradient) and the table did not say so."""
     (tmp_path / "sft0").mkdir()
     (tmp_path / "sft0" / "done.json").write_text(json.dumps({"seconds": 3.0}))
     (tmp_path / "sft0" / "log.jsonl").write_text("\n".join(json.dumps(r) for r in [

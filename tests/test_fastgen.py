@@ -219,7 +219,7 @@ def test_stop_at_closing_fence_and_eos(tiny):
 def test_gpu_free_bytes_applies_the_memory_cap_once(monkeypatch):
     """A 24 GiB cap on a 140 GiB card with 10 GiB allocated leaves 14 GiB, also when mem_get_info
     already reports the capped size (as bench_4b.py's emulated 24 GB card does). Multiplying the
-    fraction into the reported size left ~0 and split every fast-path batch down to 1 (H200, session 3)."""
+    fraction into the reported size left ~0 and split every fast-path batch down to 1 (on an H200)."""
     G = 2**30
     card, frac, alloc = 140 * G, 24 / 140, 10 * G
     props = type("P", (), {"total_memory": card})()

@@ -37,7 +37,7 @@ class _InfGrad(__import__("torch").autograd.Function):
 def test_trace_records_where_a_gradient_turns_non_finite():
     """--trace hooks every module: with an overflow planted in the last layer's MLP backward, the first non-finite
     output gradient is inside that MLP, the gradients arriving before it are finite, and the forward stays finite
-    (session 9's 4b case: a finite loss, a gradient that overflowed in the backward)."""
+    (the cap bench's 4b case: a finite loss, a gradient that overflowed in the backward)."""
     import torch
     model, tok = grad_check.common.tiny_model(seed=0)
     model = grad_check.common.add_lora(model, dropout=0.0)

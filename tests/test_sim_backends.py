@@ -54,7 +54,7 @@ def test_backends_identical_when_stopped():
     j = job("counter.sv", "counter", "tb_counter.sv")
     j["tb"] = j["tb"].replace("$finish", "$display(\"no finish\")")
     # (a 3 s wall-clock limit: at 1 s a loaded 2-core CI box once stopped the Verilog-monitor run before it wrote
-    # any coverage, session 8; the comparison is the same at any limit the simulation reaches)
+    # any coverage; the comparison is the same at any limit the simulation reaches)
     for cfg in (sim.ScoreConfig(sim_time_limit=200), sim.ScoreConfig(sim_time_limit=0, timeout_s=3)):
         a = sim.simulate(j, sim.ScoreConfig(**{**cfg.__dict__, "toggle_backend": "verilog"}))
         b = sim.simulate(j, sim.ScoreConfig(**{**cfg.__dict__, "toggle_backend": "vpi"}))
