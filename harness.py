@@ -6,7 +6,7 @@ Whole-testbench answers (answer_mode "testbench") keep common.build_messages / p
 The harness (one module `tb_<top>`): every DUT input declared as a `logic` of its elaborated width (wide
 and packed ports become one flat vector), outputs as wires, the DUT instance with the task's instance name
 (parameters at their defaults, as the scorer elaborates them), each clock toggling by itself (periods 10,
-14, 18, ...), a watchdog that ends the run after `max_cycles` cycles, three tasks (the vocabulary the prompt
+14, 18, ...), three tasks (the vocabulary the prompt
 documents), and one initial block: inputs to 0, `reset_dut()`, the named block `stimulus` holding the
 model's lines, `$finish`.
   step(n)          wait n cycles of the main clock (inputs change at its falling edge); step() = step(1);
@@ -60,10 +60,16 @@ import re
 import pyslang
 
 import common
+import instrument
 import sim
 
-MAX_CYCLES = 100_000       # watchdog: the harness ends the run after this many main-clock cycles
 PERIOD = 10                # main clock period (time units); a combinational step is this long
+# The end-of-time rule is the scorer's, in both answer modes: a run still driving the DUT after
+# sim.SIM_TIME_LIMIT_DEFAULT time units scores sim_time_limit (reward 0). The harness has no watchdog of its
+# own: one that ended the run with $finish turned a never-ending stimulus (`forever step(1);`) into a
+# full-length run scored ok, while the same loop in a whole testbench earned 0, so a policy would be paid
+# for not ending. MAX_CYCLES is that limit in main-clock cycles, as the prompt states it.
+MAX_CYCLES = sim.SIM_TIME_LIMIT_DEFAULT // PERIOD
 TASK_NAMES = ("step", "reset_dut", "random_inputs", "stimulus")
 PLACEHOLDER = "// <your stimulus goes here>"
 STIMULUS_FILE = "stimulus"  # the file name mapped errors carry
@@ -232,8 +238,6 @@ def make_harness(task, max_cycles=MAX_CYCLES):
         L.append("  task automatic reset_dut; step(1); endtask")
     rnd = " ".join(f"{d['name']} = {_random_expr(d['width'])};" for d in inputs)
     L.append(f"  task automatic random_inputs; {rnd} endtask" if rnd else "  task automatic random_inputs; endtask")
-    L.append(f"  initial begin #{max_cycles * (clocks[0]['period'] if clocks else PERIOD)}; $finish; end"
-             f"  // watchdog: at most {max_cycles} cycles")
     L.append("  initial begin")
     zero = " ".join(f"{d['name']} = '0;" for d in inputs)
     if zero:
@@ -292,67 +296,164 @@ def map_result(result, line_map):
 # Checks on a stimulus (before assembly; the assembled file also goes through sim's pre-scan)
 # ----------------------------------------------------------------------------------------------
 
+MAX_STIMULUS_BYTES = 32 << 10     # longer stimuli are refused before parsing (answers are a few kB; the
+                                  # check runs in the trainer's process, so its cost must stay bounded)
+_MODULE_CODE = {"module", "endmodule", "macromodule", "program", "endprogram", "interface", "endinterface",
+                "package", "endpackage", "primitive", "endprimitive", "config", "endconfig", "bind", "checker",
+                "endchecker", "class", "endclass", "defparam", "specify", "endspecify"}
 _KEYWORD_REASONS = [
-    (r"endmodule|module|macromodule|program|endprogram|interface|endinterface|package|endpackage|primitive"
-     r"|config|bind",
-     "`{kw}` is not allowed: the stimulus is statements inside the harness's block, not module code"),
-    (r"initial|always|always_ff|always_comb|always_latch|final|generate",
+    (_MODULE_CODE, "`{kw}` is not allowed: the stimulus is statements inside the harness's block, not module code"),
+    ({"initial", "always", "always_ff", "always_comb", "always_latch", "final", "generate", "endgenerate"},
      "`{kw}` is not allowed: the stimulus is already inside an initial block; write statements only"),
-    (r"task|endtask|function|endfunction",
+    ({"task", "endtask", "function", "endfunction"},
      "`{kw}` is not allowed: declare no tasks or functions; use loops and the harness's tasks"),
-    (r"force|release|assign|deassign",
+    ({"force", "release", "assign", "deassign"},
      "`{kw}` is not allowed: drive the DUT inputs with plain assignments (`x = 1'b1;`)"),
 ]
+_CHECK_CACHE = {}
+_CHECK_CACHE_SIZE = 1024
 
 
-def _blank_comments_and_strings(text):
-    """The text with comments and string contents replaced by spaces (line numbers kept)."""
-    def blank(m):
-        return re.sub(r"[^\n]", " ", m.group(0))
-    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', blank, text, flags=re.S)
+def _bare_harness():
+    """The frame a stimulus is checked in when no task's harness is given (no DUT instance to protect)."""
+    return Harness(task_id="", top="", inst="", module="tb_stimulus_check", clocks=[], resets=[], inputs=[],
+                   outputs=[], max_cycles=0, head="module tb_stimulus_check;\n  initial begin\n    begin : stimulus\n",
+                   tail="    end\n    $finish;\n  end\nendmodule\n")
 
 
 def check_stimulus(body, harness=None):
     """One-line reason ('line N: ...') to reject a stimulus, or None when it may be assembled.
 
-    Rejects: module-level code (module/endmodule, initial/always, task/function declarations),
-    force/release/procedural assign, $deposit, an `end`/`join` that would close the harness's block, an
-    instantiation (named connections, a `#(` parameter list, or the DUT module name), and (with the
-    harness) a write into the DUT instance's hierarchy (`uut.x = ...`)."""
-    text = _blank_comments_and_strings(body or "")
+    The decision is taken on the tree pyslang parses from the assembled testbench (the lexer knows strings,
+    comments and escaped identifiers, so no text trick hides a token). Rejected: a stimulus over
+    MAX_STIMULUS_BYTES (checked first); compiler directives and macros; module-level keywords (module,
+    initial/always, task/function declarations, force/release, procedural assign/deassign, defparam, bind)
+    and $deposit; an `end`/`join` that closes the harness's block; pyslang syntax errors; any tree in which
+    the harness's `stimulus` block does not end at the harness's own `end` (so nothing lands outside it);
+    an instantiation; a declaration that shadows a harness name; and (with the harness) any write into the
+    DUT instance's hierarchy (instrument.dut_writes: assignments, ++/--, output arguments, $readmem*, ...).
+    Linear in the stimulus: one parse and one walk of the tree."""
+    body = body or ""
+    h = harness or _bare_harness()
+    key = hashlib.sha256("\0".join((h.head, h.tail, h.inst, h.top, body)).encode("utf-8", "surrogatepass")).digest()
+    if key not in _CHECK_CACHE:
+        if len(_CHECK_CACHE) >= _CHECK_CACHE_SIZE:
+            _CHECK_CACHE.pop(next(iter(_CHECK_CACHE)))
+        _CHECK_CACHE[key] = _check_stimulus(body, h)
+    return _CHECK_CACHE[key]
 
-    def at(pos):
-        return text.count("\n", 0, pos) + 1
 
+def _check_stimulus(body, h):
+    if len(body.encode("utf-8", "surrogatepass")) > MAX_STIMULUS_BYTES:
+        return f"line 1: the stimulus is longer than {MAX_STIMULUS_BYTES} bytes; write loops, not unrolled code"
+    tb, lm = assemble(h, body)
+    try:
+        tree, sm = instrument.parse_sv(tb, "tb.sv")
+    except UnicodeError:
+        return "line 1: the stimulus is not valid UTF-8 text"
+    start = len(h.head.encode())
+    tail_at = len(tb.encode()) - len(h.tail.encode())
+    main = None
+
+    def line(tok):
+        k = lm.stimulus_line(instrument.sv_line(sm, tok))
+        return k if k is not None else lm.n_lines + 1
+
+    def inside(tok):
+        return tok.location.buffer == main and start <= tok.location.offset < tail_at
+
+    # 1. tokens, in source order (skipped ones included): directives, macros, keywords, begin/end balance
+    toks = list(instrument.walk_tokens(tree.root))
+    if len(toks) < 2:              # pyslang gave up (e.g. constructs nested too deeply): nothing to score
+        engine = pyslang.DiagnosticEngine(sm)
+        why = next((engine.formatMessage(d) for d in tree.diagnostics if d.isError()), "it does not parse")
+        return f"line 1: {why}"
+    main = toks[0].location.buffer
+    mine = []
+    for tok in toks:
+        for tr in tok.trivia:
+            d = tr.syntax() if tr.kind.name == "Directive" else None
+            if d is not None and d.getFirstToken() is not None and inside(d.getFirstToken()):
+                return (f"line {line(d.getFirstToken())}: compiler directives and macros "
+                        f"(`{d.getFirstToken().valueText.lstrip('`')}) are not allowed in a stimulus")
+        for t in instrument.skipped_tokens(tok) + [tok]:
+            if t.location.buffer != main:
+                return f"line {line(t)}: macros are not allowed in a stimulus"
+            if inside(t):
+                mine.append(t)
     for words, why in _KEYWORD_REASONS:
-        m = re.search(r"(?<![\w$`])(" + words + r")\b", text)
-        if m:
-            return f"line {at(m.start())}: " + why.format(kw=m.group(1))
-    m = re.search(r"\$deposit\b", text)
-    if m:
-        return f"line {at(m.start())}: `$deposit` is not allowed: drive the DUT inputs with plain assignments"
+        for t in mine:
+            if t.kind.name.endswith("Keyword") and t.valueText in words:
+                return f"line {line(t)}: " + why.format(kw=t.valueText)
+    for t in mine:
+        if t.kind.name == "SystemIdentifier" and t.valueText == "$deposit":
+            return f"line {line(t)}: `$deposit` is not allowed: drive the DUT inputs with plain assignments"
     depth = 0
-    for m in re.finditer(r"(?<![\w$])(begin|fork|end|join|join_any|join_none)\b", text):
-        depth += 1 if m.group(1) in ("begin", "fork") else -1
-        if depth < 0:
-            return (f"line {at(m.start())}: this `{m.group(1)}` has no `begin`/`fork` in the stimulus: "
-                    "it would close the harness's block")
-    kw = r"(?!(?:begin|end|else|fork|join|join_any|join_none|repeat|if|for|forever|while|do|case|casez|casex|wait)\b)"
-    m = re.search(r"(?<![\w$.])" + kw + r"[A-Za-z_]\w*\s*(#\s*\([^;]*?\)\s*)?[A-Za-z_]\w*\s*\(\s*\.\s*[A-Za-z_]",
-                  text) or re.search(r"(?<![\w$.])" + kw + r"[A-Za-z_]\w*\s*#\s*\([^;]*?\)\s*[A-Za-z_]\w*\s*\(", text)
-    if m:
-        return f"line {at(m.start())}: instantiating a module is not allowed: the harness instantiates the DUT"
-    if harness is not None:
-        m = re.search(r"(?<![\w$.])" + re.escape(harness.top) + r"\s+[A-Za-z_]", text)
-        if m:
-            return f"line {at(m.start())}: do not instantiate {harness.top}: the harness already has `{harness.inst}`"
-        lhs = (r"(^|[;:)]|\bbegin|\belse|\bend)\s*((?:[A-Za-z_]\w*\s*\.\s*)*" + re.escape(harness.inst)
-               + r"\s*(?:\[[^\]]*\]\s*)*\.[\w\s.\[\]:+-]*?)(<=|=)(?!=)")
-        m = re.search(lhs, text, re.M)
-        if m:
-            return (f"line {at(m.start(2))}: writing into the DUT ({' '.join(m.group(2).split())}) is not "
-                    "allowed: drive its inputs")
+    for t in mine:
+        if t.valueText in ("begin", "fork", "end", "join", "join_any", "join_none") and t.kind.name.endswith("Keyword"):
+            depth += 1 if t.valueText in ("begin", "fork") else -1
+            if depth < 0:
+                return (f"line {line(t)}: this `{t.valueText}` has no `begin`/`fork` in the stimulus: "
+                        "it would close the harness's block")
+    # 2. instantiations (parsed as checker instances inside a block) get their own message
+    nodes = list(instrument.walk(tree.root))
+    for n in nodes:
+        if instrument._kind(n) in ("CheckerInstanceStatement", "HierarchyInstantiation"):
+            first = n.getFirstToken()
+            if first is not None and inside(first):
+                name = (instrument.name_parts(n.instance.type) or [""])[-1] \
+                    if instrument._kind(n) == "CheckerInstanceStatement" else n.type.valueText
+                if h.top and name == h.top:
+                    return f"line {line(first)}: do not instantiate {h.top}: the harness already has `{h.inst}`"
+                return f"line {line(first)}: instantiating a module is not allowed: the harness instantiates the DUT"
+    # 3. syntax errors: the tree must be what Icarus will compile, so an unparsed stimulus is not scored
+    engine = pyslang.DiagnosticEngine(sm)
+    for d in tree.diagnostics:
+        if d.isError():
+            for i, t in enumerate(mine):       # `mod #(...) name (...)`: say what it is rather than "expected ;"
+                kinds = [u.kind.name for u in mine[i:i + 3]]
+                if kinds[:1] == ["Identifier"] and kinds[1:] in (["Hash", "OpenParenthesis"],
+                                                                 ["Identifier", "OpenParenthesis"]) \
+                        and (i == 0 or mine[i - 1].kind.name in ("Semicolon", "BeginKeyword", "EndKeyword",
+                                                                 "ElseKeyword")):
+                    if h.top and t.valueText == h.top:
+                        return f"line {line(t)}: do not instantiate {h.top}: the harness already has `{h.inst}`"
+                    return f"line {line(t)}: instantiating a module is not allowed: the harness instantiates the DUT"
+            k = lm.stimulus_line(sm.getLineNumber(d.location)) if d.location.buffer == main else None
+            msg = engine.formatMessage(d)
+            if k is None:
+                k, msg = lm.n_lines + 1, f"{msg} (after the last stimulus line: check that every begin has its end)"
+            return f"line {k}: {msg}"
+    # 4. structure: one module, the harness's, whose `stimulus` block ends at the harness's own `end`
+    members = instrument._nodes(getattr(tree.root, "members", None))
+    end_at = tail_at + len(h.tail[:h.tail.index("end")].encode())
+    blocks = [n for n in nodes if instrument._kind(n) == "SequentialBlockStatement"
+              and n.blockName is not None and n.blockName.name.valueText == "stimulus"]
+    if len(members) != 1 or instrument._kind(members[0]) != "ModuleDeclaration" \
+            or members[0].header.name.valueText != h.module or len(blocks) != 1 \
+            or blocks[0].end.location.buffer != main or blocks[0].end.location.offset != end_at:
+        return "line 1: the stimulus must be statements that stay inside the harness's `stimulus` block"
+    # 5. declarations: none may shadow what the harness declares
+    own = ({p["name"] for p in h.inputs + h.outputs} | {c["name"] for c in h.clocks} | {r["name"] for r in h.resets}
+           | set(TASK_NAMES) | {h.inst, h.module, h.top}) - {""}
+    for n in nodes:
+        if type(n).__name__ == "DeclaratorSyntax" and inside(n.name) and n.name.valueText in own:
+            return (f"line {line(n.name)}: `{n.name.valueText}` is the harness's name; do not redeclare it "
+                    "(drive the harness's signals, call its tasks)")
+    # 6. no write of any kind into the DUT instance
+    if h.inst:
+        ports = {h.top: [(p["name"], p["dir"]) for p in analyze_ports(h)]}
+        subs = instrument.declared_ports(tree.root, nodes)[0]
+        for node, what in instrument.dut_writes(tree.root, h.inst, subs, ports, nodes):
+            return f"line {line(node.getFirstToken())}: " + instrument.write_message(node, what)
     return None
+
+
+def analyze_ports(h):
+    """The DUT's ports as the harness sees them: [{name, dir}] (inputs, then outputs and inouts)."""
+    return [{"name": p["name"], "dir": "input"} for p in h.inputs + [{"name": c["name"]} for c in h.clocks]
+            + [{"name": r["name"]} for r in h.resets]] + [{"name": p["name"], "dir": p.get("dir", "output")}
+                                                          for p in h.outputs]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,7 +563,8 @@ def interface_text(harness):
              else "- reset_dut(): the design has no reset port; waits one step")
     L.append("- random_inputs(): give every input above a random value")
     L.append(f"Before the stimulus every input is 0 and reset_dut() has run. After it the harness calls "
-             f"$finish; the run also ends after {h.max_cycles} cycles.")
+             f"$finish. A stimulus still running after {h.max_cycles} cycles fails (the run scores 0), as a "
+             "testbench that never ends does.")
     return "\n".join(L)
 
 
