@@ -698,6 +698,18 @@ def tiny_model(seed=0, vocab="tiny", arch="llama"):
     return model, tok
 
 
+def context_length(model, tok):
+    """Positions the model can attend over: its config's max_position_embeddings (the tokenizer's
+    model_max_length where the config has none). A prompt of this many tokens leaves no room for an answer."""
+    cfg = getattr(_hf_model(model), "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if n else int(min(getattr(tok, "model_max_length", 8192), 10**9))
+
+
+def _hf_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def chat_ids(tok, messages, add_generation_prompt=True):
     """Token ids (list[int]) of a chat rendered with the tokenizer's chat template. Renders to text
     and tokenizes without extra special tokens (the template already holds them); this sidesteps the

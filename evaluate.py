@@ -57,7 +57,9 @@ import rundir
 import sim
 from data import floor, teacher
 
-Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out
+Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out; optional
+# attribute prompt_fits(messages) -> bool (model_policy's: the prompt leaves room in the model's context)
+TOO_LONG = common.Answer("", "", "prompt_too_long")   # the answer never asked for
 SIM_RAN = ("ok", "no_coverage", "no_dut_instance")   # statuses where the testbench compiled and simulated
 BOTTOM = (False, False, False, False, False, 0.0)      # the key of "no result yet"
 
@@ -94,6 +96,7 @@ def passed(result):
 def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0, batch_size=64):
     """Wrap a (PEFT) model as a Policy. Each call uses a fresh seed derived from (seed, call index)."""
     calls = itertools.count()
+    context = common.context_length(model, tok)
 
     def policy(messages_list):
         outs = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
@@ -101,6 +104,8 @@ def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8,
                                seed=(seed * 100_003 + next(calls)) * dist.world() + dist.rank(),
                                batch_size=batch_size)
         return [c.text for c in outs]
+    # run_eval asks before generating: a prompt that leaves no room for one new token is not generated
+    policy.prompt_fits = lambda messages: len(common.chat_ids(tok, messages)) < context
     return policy
 
 
@@ -126,6 +131,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     by_id = {t["id"]: t for t in tasks}
     samples = [{"task_id": t["id"], "sample": s, "seed": seed, "answer_mode": harness.task_mode(t, answer_mode),
                 "rounds": [], "best_by_round": []} for t in tasks for s in range(n)]
+    prompt_fits = getattr(policy, "prompt_fits", lambda messages: True)
     best = [None] * len(samples)          # per sample: (key, round index, answer text, SimResult) or None
     stopped = [False] * len(samples)
     timing = []
@@ -144,16 +150,24 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
             for start in range(0, len(active), batch_size):
                 chunk = active[start:start + batch_size]
                 states = [state(i) for i in chunk]
+                fits = [prompt_fits(m) for m, _ in states]      # a prompt past the model's context: no answer
+                asked = [m for (m, _), ok in zip(states, fits) if ok]
                 tg = time.time()
-                texts = policy([m for m, _ in states])
+                texts = iter(policy(asked) if asked else [])
                 t_gen += time.time() - tg
-                if len(texts) != len(chunk):
-                    raise ValueError(f"policy returned {len(texts)} answers for {len(chunk)} prompts")
-                for i, (_, state_round), text in zip(chunk, states, texts):
+                for i, (_, state_round), ok in zip(chunk, states, fits):
+                    if not ok:
+                        pending.append((i, state_round, "", TOO_LONG, lambda: onpolicy.parse_failure("prompt_too_long")))
+                        continue
+                    text = next(texts, None)
+                    if text is None:
+                        raise ValueError(f"policy returned fewer answers than the {len(asked)} prompts it was given")
                     # submitted now: simulates while the next chunk generates
                     answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
                                                           answer_mode)
                     pending.append((i, state_round, text, answer, wait))
+                if next(texts, None) is not None:
+                    raise ValueError(f"policy returned more answers than the {len(asked)} prompts it was given")
             for i, state_round, text, answer, wait in pending:
                 res = wait()
                 key = result_key(res)
@@ -269,8 +283,9 @@ def bootstrap_ci(values, seed=0, n_boot=1000, level=0.95):
 
 
 FAILURE_GROUPS = {"no_code": "parse", "truncated": "parse", "compile_error": "compile", "rejected": "compile",
-                  "no_dut_instance": "compile", "timeout": "timeout", "sim_time_limit": "sim_time_limit", "ok": "ok"}
-FAILURE_KEYS = ("parse", "compile", "timeout", "sim_time_limit", "other", "ok")
+                  "no_dut_instance": "compile", "timeout": "timeout", "sim_time_limit": "sim_time_limit", "ok": "ok",
+                  "prompt_too_long": "prompt_too_long"}
+FAILURE_KEYS = ("parse", "compile", "timeout", "sim_time_limit", "other", "ok", "prompt_too_long")
 
 
 def failure_breakdown(results):

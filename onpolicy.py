@@ -60,7 +60,7 @@ def task_order(cursor, n_tasks, seed):
 # A result is a dict: SimResult.to_dict() when the answer was simulated, else parse_failure(reason), whose
 # status is the parse reason ("no_code": no code block; "truncated": the block was cut off by the token cap).
 
-PARSE_FAILURES = ("no_code", "truncated")    # common.parse_answer reasons that are never simulated
+PARSE_FAILURES = ("no_code", "truncated", "prompt_too_long")   # never simulated (the last: no answer was asked for)
 
 
 def parse_failure(reason):

@@ -187,7 +187,7 @@ def test_eval_in_stimulus_mode_refines_from_the_mapped_feedback(tmp_path):
     assert by_id["am/and_gate"]["best"]["overall_pct"] == pytest.approx(
         100 * (direct_reward(t, GOOD_STIM) - 1))
     assert metrics["direct"]["failures"] == {"parse": 0, "compile": 1, "timeout": 0, "sim_time_limit": 0,
-                                             "other": 0, "ok": 1}
+                                             "other": 0, "ok": 1, "prompt_too_long": 0}
     assert metrics["agentic"]["failures"]["ok"] == 2 and metrics["agentic"]["syn_pass"] == 100.0
     assert metrics["direct"]["syn_pass"] == 50.0
 

@@ -329,3 +329,28 @@ def test_a_malformed_task_file_ends_in_one_line_naming_file_and_line(tmp_path, c
     code = rundir.cli("evaluate.py", evaluate.main, ["eval", "--tasks", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("evaluate.py: error: ") and "none.jsonl" in err and len(err.splitlines()) == 1
+
+
+def test_a_prompt_past_the_context_is_a_status_of_its_own():
+    """A task whose prompt does not fit the model's context is never generated: its samples score
+    `prompt_too_long` (reward 0, a failure group of its own), the other task runs as usual."""
+    import harness
+    model, tok = common.tiny_model(0)
+    model.config.max_position_embeddings = 2048         # the short prompt: ~1.3k tokens, the long one ~2.9k
+    real = evaluate.model_policy(model, tok, max_new_tokens=8, temperature=0, batch_size=8)
+    asked = []
+
+    def counting(msgs):
+        asked.append(len(msgs))
+        return real(msgs)
+    counting.prompt_fits = real.prompt_fits
+    long = dict(TASKS[0], id="t_long", instruction=TASKS[0]["instruction"] + " and so on" * 200)
+    tasks = [TASKS[0], long]
+    assert real.prompt_fits(harness.first_messages(tasks[0], "testbench"))
+    assert not real.prompt_fits(harness.first_messages(long, "testbench"))
+    samples, metrics = evaluate.run_eval(counting, tasks, n=2, rounds=0, sim_workers=1, n_boot=0, verbose=False)
+    status = {(s["task_id"], s["sample"]): s["best"]["status"] for s in samples}
+    assert status[("t_long", 0)] == status[("t_long", 1)] == "prompt_too_long"
+    assert status[("t_cnt", 0)] != "prompt_too_long" and asked == [2]
+    assert metrics["direct"]["failures"]["prompt_too_long"] == 2
+    assert onpolicy.result_reward(samples[2]["best"]) == 0.0
