@@ -226,8 +226,10 @@ def load_tasks(path):
     return tasks
 
 
-def job_from_task(task, tb_source, target_mode="cvdp"):
+def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None):
     """A picklable job for simulate(): the task's RTL, top/instance names, the testbench and its targets.
+    inst_path: the scored instance's full path (stimulus mode: f"tb_{top}.{inst}"); default: the instance
+    named dut_instance_name directly under the testbench's top module.
 
     target_mode "cvdp": the task's CVDP targets (metrics not starting with icarus_); "icarus": the kit's
     Icarus-calibrated targets (metric prefixed icarus_) when the task has them, else the CVDP ones."""
@@ -241,7 +243,8 @@ def job_from_task(task, tb_source, target_mode="cvdp"):
             "rtl_files": [{"name": f["name"], "content": f["content"]} for f in task["rtl_files"]],
             "top": task["dut_module_name"], "inst": task["dut_instance_name"], "tb": tb_source,
             "targets": [{"inst_name": t["inst_name"], "metric": t["metric"],
-                         "target_percentage": float(t["target_percentage"])} for t in chosen]}
+                         "target_percentage": float(t["target_percentage"])} for t in chosen],
+            **({"inst_path": inst_path} if inst_path else {})}
 
 
 def _check_job(job):
@@ -252,6 +255,10 @@ def _check_job(job):
         raise ValueError(f"job {job.get('id', '?')!r} has no rtl_files")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", job["inst"]):
         raise ValueError(f"job {job.get('id', '?')!r}: instance name {job['inst']!r} is not a simple identifier")
+    if job.get("inst_path") is not None and (not isinstance(job["inst_path"], str)
+                                             or not job["inst_path"].endswith("." + job["inst"])):
+        raise ValueError(f"job {job.get('id', '?')!r}: inst_path {job['inst_path']!r} must be a dotted path "
+                         f"ending in .{job['inst']}")
 
 
 
@@ -431,12 +438,21 @@ def score_run(res, prepared, recs, job, cfg):
     top_sids = {sc.sid for sc in prepared.scopes if sc.kind == "module" and sc.module == prepared.top}
     dut_paths = sorted({p for (sid, p) in recs if sid in top_sids}, key=lambda p: (p.count("."), p))
     res.found_dut_paths = dut_paths[:20]
-    chosen = [p for p in dut_paths if p.split(".")[-1] == inst]
-    if not chosen:
+    # The scored instance is pinned to its full path: job["inst_path"] when given (stimulus mode:
+    # tb_<top>.<inst>), else <testbench top>.<inst>. Any other instance of the DUT with that name is an
+    # error, not a choice: "the shallowest" let a testbench add a second, easier `uut` and be scored on it.
+    named = [p for p in dut_paths if p.split(".")[-1] == inst]
+    want = job.get("inst_path")
+    chosen = [p for p in named if (p == want if want else p.count(".") == 1)]
+    if not named:
+        return False
+    if len(named) > 1 or len(chosen) != 1:
+        where = want or f"<testbench top>.{inst}"
+        res.errors = [{"source": "scorer", "file": "", "line": 0, "col": 0,
+                       "msg": f"the DUT must be instantiated exactly once as {where}; found {prepared.top} "
+                              f"instances named {inst!r} at {', '.join(named[:5])}"}]
         return False
     root = chosen[0]
-    if len(chosen) > 1:
-        res.notes.append(f"{len(chosen)} instances named {inst!r}; scored the shallowest: {root}")
     prefix = root[: -len(inst)]
     paths = {p for (_, p) in recs if p == root or p.startswith(root + ".")}
 
@@ -654,6 +670,8 @@ def _simulate(job, cfg, res, t0):
             res.status = NO_COVERAGE
             res.errors = [{"source": "scorer", "file": "", "line": 0, "col": 0,
                            "msg": "the simulation wrote no coverage records (did it elaborate the DUT?)"}]
+        elif not found and res.errors:        # score_run said why (the instance is not where it must be)
+            res.status = NO_DUT_INSTANCE
         elif not found:
             res.status = NO_DUT_INSTANCE
             inst_paths = [p for p in res.found_dut_paths if "." in p]

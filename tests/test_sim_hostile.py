@@ -174,3 +174,27 @@ def test_prescan_cache_is_keyed_and_returns_copies():
     other = sim.check_testbench(tb, prepared, "other")
     assert not any("DUT hierarchy" in e["msg"] for e in other[0])
     assert any("DUT hierarchy" in e["msg"] for e in again[0])
+
+
+@pytest.mark.needs_iverilog
+def test_scored_instance_is_pinned_to_its_path():
+    """A second `counter uut` (in another top module, or deeper) is an error, never "the shallowest"."""
+    honest = run("  initial begin #12 rst_n = 1; en = 1; #200 $finish; end")
+    second_top = run("  initial begin #12 rst_n = 1; en = 1; #200 $finish; end\nendmodule\n"
+                     "module evil;\n  reg clk = 0;\n  counter uut (.clk(clk), .rst_n(1'b1), .load(1'b0), .en(1'b1), "
+                     ".up(1'b1), .d(4'd0), .q(), .wrap());\n  always #1 clk = ~clk;")
+    assert honest.status == sim.OK
+    assert second_top.status == sim.NO_DUT_INSTANCE and sim.reward(second_top) == 0
+    assert "exactly once" in second_top.errors[0]["msg"] and "evil.uut" in second_top.errors[0]["msg"]
+    nested = sim.simulate({"id": "nested", "rtl_files": COUNTER, "top": "counter", "inst": "uut", "targets": [],
+                           "tb": nested_tb()}, FAST)
+    assert nested.status == sim.NO_DUT_INSTANCE and "tb.w.uut" in nested.errors[0]["msg"]
+    pinned = sim.simulate({"id": "pinned", "rtl_files": COUNTER, "top": "counter", "inst": "uut", "targets": [],
+                           "inst_path": "tb.w.uut", "tb": nested_tb()}, FAST)
+    assert pinned.status == sim.OK
+
+
+def nested_tb():
+    return ("module tb; wrap w (); initial #50 $finish; endmodule\nmodule wrap;\n"
+            "  reg clk = 0; always #5 clk = ~clk;\n  counter uut (.clk(clk), .rst_n(1'b1), "
+            ".load(1'b0), .en(1'b1), .up(1'b1), .d(4'd0), .q(), .wrap());\nendmodule\n")
