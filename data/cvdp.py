@@ -8,15 +8,17 @@ Both CVDP layouts are read:
 
 For category cid012 (stimulus testbench + coverage):
 - DUT RTL: the harness `src/*.sv|*.v` files (else context files under `rtl/`);
-- top module: `TOPLEVEL` in `src/.env` when present, else the one module no other RTL module
-  instantiates (the prompt breaks ties);
+- top module: `TOPLEVEL` in `src/.env` when it names a module, else the one module no other RTL module
+  instantiates (the prompt breaks ties). Some records put the instance's name in TOPLEVEL (`TOPLEVEL = uut`
+  beside `module gf_multiplier`): such a TOPLEVEL is read as the instance name instead;
 - target: `TARGET` in `src/.env` (else a `TARGET=` line of any harness file, e.g. docker-compose.yml),
   on the instance the harness checks, as {inst_name, metric: "overall_average", target_percentage};
   a record with the DUT RTL but no TARGET anywhere is imported with CVDP's usual 90 and
   source.target_default = true;
-- instance name: from the harness check (`metrics["uut"]["Average"]`, or `dut = "uut"` in
-  src/process.py), else from the prompt ("instantiated as `uut`"), else from the reference testbench's
-  instantiation of the top module;
+- instance name: from the harness check (`metrics["uut"]["Average"]`; `metrics[v]["Average"]` with
+  `v = "uut"` assigned in the same file, whatever the variable's name; or `dut = "uut"` in src/process.py),
+  else a TOPLEVEL that names no module, else the prompt ("instantiated as `uut`", "Instantiate the `X` module
+  as `uut`", "instance name `uut`"), else the reference testbench's instantiation of the top module;
 - spec files: the prompt (as spec.md) plus context `docs/*`; reference testbench: the `verif/` file of
   the solution (output.context or patch), kept as `reference_tb` (never shown to the model).
 
@@ -83,16 +85,31 @@ def _modules(rtl_files):
     return defined, used
 
 
-def _instance_name(prompt, harness, top=None, ref_tb=""):
+QUOTE = r"[`'\"*]*"       # the quotes and emphasis a prompt puts around a name: `uut`, 'uut', **uut**
+
+
+def _instance_name(prompt, harness, top=None, ref_tb="", toplevel=None):
     for text in harness.values():
         m = re.search(r"metrics\s*\[\s*[\"'](\w+)[\"']\s*\]\s*\[\s*[\"']Average", text)
         if m:
             return m.group(1)
     for name, text in harness.items():
-        m = re.search(r"^\s*dut\s*=\s*[\"'](\w+)[\"']", text, re.M) if name.endswith(".py") else None
+        if not name.endswith(".py"):
+            continue
+        # metrics[v]["Average"] with v = "name" assigned in the file (v is `dut`, `uut`, `inst`, ... in the release)
+        for var in re.findall(r"metrics\s*\[\s*([A-Za-z_]\w*)\s*\]\s*\[\s*[\"']Average", text):
+            m = re.search(r"^\s*" + var + r"\s*=\s*[\"'](\w+)[\"']", text, re.M)
+            if m:
+                return m.group(1)
+        m = re.search(r"^\s*dut\s*=\s*[\"'](\w+)[\"']", text, re.M)
         if m:
             return m.group(1)
-    m = re.search(r"instantiated\s+(?:as|with(?:\s+the)?\s+instance\s+name)\s+[`'\"*]*(\w+)", prompt, re.I) \
+    if toplevel:
+        return toplevel
+    q = QUOTE
+    m = re.search(r"instantiated\s+(?:as|with(?:\s+the)?\s+instance\s+name)\s+" + q + r"(\w+)", prompt, re.I) \
+        or re.search(r"instantiate\s+(?:the\s+)?(?:module\s+)?" + q + r"\w+" + q + r"\s+(?:module\s+)?as\s+" + q
+                     + r"(\w+)", prompt, re.I) \
         or re.search(r"instance\s+name\s+(?:should\s+be\s+|is\s+|as\s+)?[`'\"*]+(\w+)", prompt, re.I)
     if m:
         return m.group(1)
@@ -146,8 +163,9 @@ def convert_record(rec, source_path="", line_no=0):
     if not defined:
         raise ValueError("no module declaration in the DUT RTL files")
     top = env.get("TOPLEVEL")
-    if top and top not in defined:
-        raise ValueError(f"src/.env TOPLEVEL={top} is not a module of the RTL files ({', '.join(defined)})")
+    toplevel_inst = None
+    if top and top not in defined:          # it names the instance (`TOPLEVEL = uut`), not a module
+        toplevel_inst, top = top, None
     if not top:
         tops = [m for m in defined if m not in used]
         named = [m for m in tops if re.search(r"\b" + re.escape(m) + r"\b", prompt)]
@@ -166,7 +184,7 @@ def convert_record(rec, source_path="", line_no=0):
         {"name": Path(n).name, "content": t} for n, t in sorted(context.items()) if n.startswith("docs/")]
     ref = [{"name": Path(n).name, "content": t} for n, t in sorted(solution.items())
            if n.startswith("verif/") and n.endswith(RTL_EXT)]
-    inst = _instance_name(prompt, harness, top, ref[0]["content"] if ref else "")
+    inst = _instance_name(prompt, harness, top, ref[0]["content"] if ref else "", toplevel_inst)
     if not inst:
         raise ValueError("no instance name in the harness (metrics[...] or dut = ...), the prompt, "
                          "nor the reference testbench")

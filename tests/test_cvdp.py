@@ -160,3 +160,49 @@ def test_v102_record_without_rtl_names_the_record(tmp_path):
     rec = v102_agentic_record(id="cvdp_agentic_empty_0001", context={"docs/spec.md": "# nothing"})
     with pytest.raises(cvdp.CvdpError, match=r"in.jsonl:1: bad record cvdp_agentic_empty_0001: no DUT RTL"):
         cvdp.import_cvdp([write(tmp_path, [rec])])
+
+
+# --- the three ways the release names the checked instance that the importer once rejected ---
+
+def process_py(var, inst):
+    """A harness check in the release's shape whose instance sits in a variable that is not `dut`."""
+    return (f'import os\n\n{var} = "{inst}"\n\n\ndef test_report(metrics):\n'
+            f'    assert float(metrics[{var}]["Average"]) >= float(os.getenv("TARGET"))\n')
+
+
+def test_harness_variable_other_than_dut_names_the_instance(tmp_path):
+    rec = nonagentic_dut_record(id="cvdp_copilot_top2_0009",
+                                harness={"files": {"src/.env": "TARGET = 90\n", "src/inv.sv": SUB, "src/top2.sv": TOP,
+                                                   "src/process.py": process_py("uut", "uut")}})
+    t = cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]
+    assert t["dut_instance_name"] == "uut" and t["targets"][0]["inst_name"] == "uut"
+    # the variable's value counts, not its name; a stray `dut = ...` elsewhere does not win over the checked one
+    rec["harness"]["files"]["src/process.py"] = process_py("checked", "u_top2") + 'dut = "not_this"\n'
+    assert cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]["dut_instance_name"] == "u_top2"
+
+
+def test_toplevel_naming_the_instance_is_read_as_the_instance(tmp_path):
+    rec = nonagentic_dut_record(id="cvdp_copilot_top2_0010",
+                                input={"prompt": "Develop a testbench that drives top2.", "context": {}},
+                                harness={"files": {"src/.env": "TARGET = 92\nTOPLEVEL = u_dut\n", "src/inv.sv": SUB,
+                                                   "src/top2.sv": TOP, "src/process.py": "pass\n"}})
+    t = cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]
+    assert t["dut_module_name"] == "top2"                   # chosen from the RTL: the module nobody instantiates
+    assert t["dut_instance_name"] == "u_dut" and t["targets"][0]["target_percentage"] == 92.0
+    # a TOPLEVEL that names a module stays the top module
+    rec["harness"]["files"]["src/.env"] = "TARGET = 92\nTOPLEVEL = top2\n"
+    rec["input"]["prompt"] = "Develop a testbench. The module is instantiated as `dut`."
+    t = cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]
+    assert (t["dut_module_name"], t["dut_instance_name"]) == ("top2", "dut")
+
+
+@pytest.mark.parametrize("sentence, inst", [
+    ("Instantiate the `mux2` module as `dut_a` and drive every select value.", "dut_a"),
+    ("instantiate the module **mux2** as 'dut_b'.", "dut_b"),
+    ("Instantiate mux2 as `dut_c`.", "dut_c"),
+])
+def test_prompt_instantiate_the_module_as_name(tmp_path, sentence, inst):
+    rec = v102_agentic_record(id="cvdp_agentic_mux2_0004", prompt="Write a stimulus testbench. " + sentence,
+                              patch={}, harness={"src/process.py": "pass\n"})   # no harness name, no reference tb
+    t = cvdp.import_cvdp([write(tmp_path, [rec])])[0][0]
+    assert t["dut_module_name"] == "mux2" and t["dut_instance_name"] == inst
