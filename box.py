@@ -27,6 +27,7 @@ from instrument import _short
 
 LOG_KEEP_BYTES = 8 << 10        # head and tail of the combined log kept in the result
 FSIZE_LIMIT = 256 << 20         # RLIMIT_FSIZE: largest file a run may write
+DISK_POLL_S = 0.05              # how often the run folder's size is measured against cfg.disk_limit_mb
 NOFILE_LIMIT = 256              # RLIMIT_NOFILE: open files
 KILL_AFTER_S = 3                # SIGKILL to the process group this long after the SIGINT
 BACKSTOP_EXTRA_S = 10           # outer Python backstop beyond the inner timeouts
@@ -130,6 +131,7 @@ class RunOutput:
     sandbox: str
     command: str
     sim_cpu_s: float | None = None      # CPU seconds of the simulation (vvp, user + sys; None: not recorded)
+    disk_limited: bool = False          # the run's files grew past cfg.disk_limit_mb; vvp was stopped
 
 
 def _sim_cpu(path):
@@ -189,9 +191,11 @@ class _Box:
     (/ and /dev are read-only, there is no /tmp), so nothing a run wrote is left for the next one. The
     token is random per run and only in the sh loop's memory (no /proc in the sandbox), so a testbench
     cannot print a fake end marker. A box that misses its deadline is killed and replaced."""
+    # the end marker starts with its own newline: a run whose last output line has none (`$write("done")`)
+    # would otherwise hide the token mid-line, and the run would wait for the backstop
     DRIVER = ('while IFS= read -r tok && IFS= read -r dir && IFS= read -r script; do '
               '( cd "$0/$dir" && HOME="$0/$dir" TMPDIR="$0/$dir" && export HOME TMPDIR && eval "$script" ) '
-              '</dev/null 2>&1; echo "$tok $?"; done')
+              '</dev/null 2>&1; rc=$?; printf "\\n%s %s\\n" "$tok" "$rc"; done')
 
     def __init__(self, vpi_dir, sandboxed):
         self.key = (vpi_dir, sandboxed)
@@ -269,24 +273,49 @@ def _run_in_box(run_dir, script, vpi_dir, sandboxed):
 
 
 def _end_marker(last, tok):
-    """(marker bytes, exit status) when the output so far ends with the line `<tok> <status>\n` (the token
-    starting a line, or the kept window), else None. A plain string test: a regex compiled per run token
-    cost 0.6 ms of CPU per run."""
+    """(marker bytes, exit status) when the output so far ends with `\n<tok> <status>\n` (the box prints
+    the leading newline itself, so the marker is found whatever the run's last line was), else None. The
+    marker bytes include that newline, so the run's own output is kept exactly. A plain string test: a regex
+    compiled per run token cost 0.6 ms of CPU per run."""
     if not last.endswith(b"\n"):
         return None
-    line = last[:-1].rsplit(b"\n", 1)[-1]
-    status = line[len(tok) + 1:]
-    if line[:len(tok) + 1] == tok + b" " and status.isdigit():
-        return line + b"\n", int(status)
+    i = last.rfind(b"\n" + tok + b" ", 0, len(last) - 1)
+    status = last[i + len(tok) + 2:-1] if i >= 0 else b""
+    if status.isdigit():
+        return last[i:], int(status)
     return None
 
 
-def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
+def _disk_use(path):
+    """Bytes of disk the files under path use (st_blocks, so a sparse file counts what it really holds)."""
+    total, todo = 0, [path]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            todo.append(e.path)
+                        else:
+                            total += e.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue       # removed while we looked
+        except OSError:
+            continue
+    return total
+
+
+def _drain(fileno_streams, proc_pid, deadline, cfg, until=None, run_dir=None):
     """Read the run's output with head+tail kept and a byte cap (SIGINT to `timeout` past it) until every
     stream ends or the output ends with the end marker line of token `until` (bytes); SIGKILL the process
-    tree at the deadline. Returns (head, tail, total, limited, killed, (marker, exit status) or None)."""
+    tree at the deadline. run_dir: measured every DISK_POLL_S against cfg.disk_limit_mb (a per-run budget
+    beside RLIMIT_FSIZE, which bounds one file only): past it vvp gets ONE SIGINT (the `final` blocks still
+    write the coverage), past twice it the process tree is killed. Returns (head, tail, total, limited,
+    killed, (marker, exit status) or None, disk_limited)."""
     head, tail = bytearray(), deque()
     tail_len, total, limited, killed, end, last = 0, 0, False, False, None, b""
+    disk_cap = int(getattr(cfg, "disk_limit_mb", 0) or 0) << 20
+    disk_limited, next_poll = False, 0.0
     sel = selectors.DefaultSelector()
     for f in fileno_streams:
         sel.register(f, selectors.EVENT_READ)
@@ -296,7 +325,17 @@ def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
         if remaining <= 0 and not killed:
             killed = True
             _signal_tree(proc_pid, signal.SIGKILL)
-        for key, _ in sel.select(timeout=max(0.05, min(remaining, 1.0))):
+        if run_dir is not None and disk_cap and time.monotonic() >= next_poll:
+            next_poll = time.monotonic() + DISK_POLL_S
+            used = _disk_use(run_dir)
+            if used > disk_cap and not disk_limited:
+                disk_limited = True
+                _signal_tree(proc_pid, signal.SIGINT, only_comm="vvp")
+            elif used > 2 * disk_cap and not killed:
+                killed = True
+                _signal_tree(proc_pid, signal.SIGKILL)
+        wait = min(remaining, 1.0 if run_dir is None or not disk_cap else DISK_POLL_S)
+        for key, _ in sel.select(timeout=max(0.01, wait)):
             chunk = os.read(key.fileobj.fileno(), 65536)
             if not chunk:
                 sel.unregister(key.fileobj)
@@ -321,7 +360,7 @@ def _drain(fileno_streams, proc_pid, deadline, cfg, until=None):
                 limited = True       # ONE SIGINT, to vvp itself (via the timeouts it could come twice): `final` runs
                 _signal_tree(proc_pid, signal.SIGINT, only_comm="vvp")
     sel.close()
-    return head, b"".join(tail)[-LOG_KEEP_BYTES:], total, limited, killed, end
+    return head, b"".join(tail)[-LOG_KEEP_BYTES:], total, limited, killed, end, disk_limited
 
 
 def run_job_dir(run_dir, script, cfg, vpi_dir=""):
@@ -339,14 +378,14 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
     try:
         box.proc.stdin.write(line)
         box.proc.stdin.flush()
-        head, tail, total, limited, killed, end = _drain(
-            [box.proc.stdout], box.proc.pid, deadline, cfg, until=tok.encode())
+        head, tail, total, limited, killed, end, disk_limited = _drain(
+            [box.proc.stdout], box.proc.pid, deadline, cfg, until=tok.encode(), run_dir=inside)
         if end is not None:
             rc, ok = end[1], not killed
         else:
             killed = True
     except OSError:                   # the box died (killed at the deadline, or broken): a new one next time
-        head, tail, total, limited, killed = b"", b"", 0, False, True
+        head, tail, total, limited, killed, disk_limited = b"", b"", 0, False, True, False
     t_end = time.time()
     os.rename(inside, run_dir)
     if ok:
@@ -363,7 +402,7 @@ def run_job_dir(run_dir, script, cfg, vpi_dir=""):
         compile_rc = int(txt) if txt.lstrip("-").isdigit() else None
         t_compiled = os.path.getmtime(rc_path)
     return RunOutput(rc=rc, compile_rc=compile_rc, head=bytes(head), tail=bytes(tail), total_bytes=total,
-                     output_limited=limited, backstop_killed=killed, compile_s=max(0.0, t_compiled - t0),
+                     output_limited=limited, backstop_killed=killed, disk_limited=disk_limited, compile_s=max(0.0, t_compiled - t0),
                      sim_s=max(0.0, t_end - t_compiled), sandbox="bwrap" if use_bwrap else "none",
                      command=command,
                      # not after a SIGKILL: the killed `timeout`s never reaped vvp, so its CPU never reached the

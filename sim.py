@@ -129,7 +129,7 @@ REJECTED = "rejected"               # pre-scan refused the testbench (security /
 COMPILE_ERROR = "compile_error"     # iverilog failed (or the DUT could not be parsed)
 RUNTIME_ERROR = "runtime_error"     # vvp exited non-zero or was killed (memory, CPU, $fatal)
 TIMEOUT = "timeout"                 # wall-clock limit hit; SIGINT ran `final`, partial coverage kept
-OUTPUT_LIMIT = "output_limit"       # printed more than output_cap_bytes; stopped with SIGINT
+OUTPUT_LIMIT = "output_limit"       # printed more than output_cap_bytes (or wrote more than disk_limit_mb); SIGINT
 SIM_TIME_LIMIT = "sim_time_limit"   # still driving the DUT after sim_time_limit; stopped, coverage kept
 NO_DUT_INSTANCE = "no_dut_instance"  # coverage records exist but none under <tbtop>.<inst>
 NO_COVERAGE = "no_coverage"         # no probe records at all, or the DUT instance has no items
@@ -153,6 +153,7 @@ class ScoreConfig:
     compile_timeout_s: float = 30.0     # iverilog wall clock
     mem_limit_mb: int = 4096            # RLIMIT_AS per process (ulimit -v)
     output_cap_bytes: int = 16 << 20    # total stdout+stderr bytes before output_limit
+    disk_limit_mb: int = 256            # total bytes of files one run may hold (beside RLIMIT_FSIZE per file)
     sandbox: bool = True                # bubblewrap when usable (rlimits + timeout always)
     toggle_ints: bool = False           # score int/integer/byte/shortint/longint bits (Xcelium: off)
     toggle_enums: bool = False          # score enum-typed signals (Xcelium default: off)
@@ -629,7 +630,7 @@ def _simulate(job, cfg, res, t0):
         res.exit_code = run.rc
         # 124: the inner `timeout` sent SIGINT; 137 after >= timeout_s: the outer one had to follow up with SIGKILL
         res.timed_out = run.rc == 124 or run.backstop_killed or (run.rc == 137 and run.sim_s >= cfg.timeout_s)
-        res.sim_finished = not res.timed_out and not run.output_limited and run.rc == 0
+        res.sim_finished = not res.timed_out and not run.output_limited and not run.disk_limited and run.rc == 0
         cov_path = os.path.join(run_dir, out_file)
         text = ""
         if os.path.exists(cov_path):
@@ -651,6 +652,10 @@ def _simulate(job, cfg, res, t0):
             res.status = OUTPUT_LIMIT
             res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
                            "msg": f"the simulation printed more than {cfg.output_cap_bytes} bytes; stopped"}]
+        elif run.disk_limited:
+            res.status = OUTPUT_LIMIT
+            res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,
+                           "msg": f"the run's files grew past {cfg.disk_limit_mb} MiB; stopped"}]
         elif res.timed_out:
             res.status = TIMEOUT
             res.errors = [{"source": "vvp", "file": "", "line": 0, "col": 0,

@@ -245,3 +245,32 @@ def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
     monkeypatch.setattr(onpolicy, "prepare_answer", lambda t, text, tm, am: (t, {"id": t["id"]}, None))
     out = onpolicy.score_answers([({"id": i}, "") for i in ("ok", "starved", "loop")], workers=1, retry_starved=True)
     assert [r["status"] for r in out] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
+
+
+@pytest.mark.needs_iverilog
+def test_last_line_without_newline_ends_the_run_at_once():
+    """`$write("done")` leaves no newline after the last line; the end marker is still found at once (it
+    used to hide mid-line and the run waited ~63 s for the backstop, then scored timeout)."""
+    t0 = time.perf_counter()
+    res = run('  initial begin #12 rst_n = 1; #20 $write("done"); $finish; end')
+    assert res.status == sim.OK and time.perf_counter() - t0 < 5
+    assert (res.log_head + res.log_tail).rstrip().endswith("done")
+    assert sim.box._end_marker(b"abc\ntok 0\n", b"tok") == (b"\ntok 0\n", 0)
+    assert sim.box._end_marker(b"abc\ntok 0x\n", b"tok") is None
+
+
+@pytest.mark.needs_iverilog
+def test_disk_budget_stops_a_run_that_fills_the_disk():
+    """Many files each under RLIMIT_FSIZE add up: the per-run budget stops the run, coverage is kept."""
+    cfg = dataclasses.replace(FAST, disk_limit_mb=8)
+    res = run("""  integer fd, i, k;
+  initial begin #12 rst_n = 1; en = 1;
+    for (k = 0; k < 64; k = k + 1) begin
+      fd = $fopen($sformatf("fill_%0d.txt", k), "w");
+      for (i = 0; i < 20000; i = i + 1) $fdisplay(fd, "0123456789012345678901234567890123456789");
+      $fclose(fd); #10;
+    end
+    $finish;
+  end""", cfg)
+    assert res.status == sim.OUTPUT_LIMIT and "8 MiB" in res.errors[0]["msg"] and sim.reward(res) == 0
+    assert res.metrics["block"]["covered"] > 0
