@@ -389,17 +389,49 @@ def execute(cmd, log_path):
         if base is not None:
             poller.start()
         head = [sys.executable, "-m", "accelerate.commands.launch"] if cmd.argv[0] == "accelerate" else [sys.executable]
+        # its own process group, ended with this one (_end_child_group): a stopped orchestrator must not
+        # leave its stage's trainer (and that trainer's workers) running on the folder
         proc = subprocess.Popen(head + cmd.argv[1 + (cmd.argv[0] == "accelerate"):], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        while chunk := os.read(proc.stdout.fileno(), 65536):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-            log.write(chunk)
-            log.flush()
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        with _end_child_group(proc):
+            while chunk := os.read(proc.stdout.fileno(), 65536):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                log.write(chunk)
+                log.flush()
         _, status, usage = os.wait4(proc.pid, 0)   # per-child rusage (ru_maxrss in KiB on Linux)
         proc.returncode = os.waitstatus_to_exitcode(status)
         stop.set()
         return proc.returncode, usage.ru_maxrss // 1024, (peak[0] if base is not None else None)
+
+
+@contextlib.contextmanager
+def _end_child_group(proc, grace_s=10.0):
+    """While the block runs, SIGTERM or SIGINT to this process is passed to the child's process group;
+    after grace_s the group gets SIGKILL, then this process exits 128 + the signal."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        for sig, wait_s in ((signum, grace_s), (signal.SIGKILL, 0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                if wait_s:
+                    proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+        raise SystemExit(128 + signum)
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 class _Tee:

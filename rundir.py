@@ -7,6 +7,7 @@
     OUT/curves.png          the log's columns against step
     OUT/result.json         {"config", "setup", "outcome"}: what was asked, what it ran on, what came out
     OUT/done.json           {"script", "finished_at", "files"}, written last: its presence means complete
+    OUT/.lock               {"pid", "host", ...} of the one process writing OUT (lock_run; gone at its exit)
 
 Checkpoints are written to a temporary folder renamed last, so a folder named step_* is always complete.
 A checkpoint without optimizer.pt (a *handoff*: adapter/ + meta.json, ~10 MB instead of ~70 for the small profile,
@@ -17,10 +18,12 @@ steps, checkpointed and unfinished (no done.json; exit EXIT_DEADLINE), before a 
 and lose every step since the last --save-every checkpoint.
 Under several processes (dist.py) only rank 0 writes; the checkpoint does not depend on the process count.
 """
+import atexit
 import base64
 import json
 import math
 import os
+import platform
 import random
 import shutil
 import sys
@@ -146,6 +149,7 @@ class Deadline:
         if dist.is_main():
             marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
             (Path(out) / DEADLINE_MARKER).write_text(json.dumps(marker) + "\n")
+        unlock_run(out)                 # the run is over for now: a resume (another process) may take the folder
         return EXIT_DEADLINE
 
 
@@ -310,17 +314,106 @@ def read_done(out):
 
 
 # -----------------------------------------------------------------------------
+# One writer per stage folder: OUT/.lock holds the writer's pid, host and process start time
+
+LOCK_NAME = ".lock"
+_HELD = {}          # folder -> lock path, released at exit
+
+
+def _proc_start(pid):
+    """The kernel's start time of a process (clock ticks since boot), so a recycled pid is not taken for
+    the writer that died; None when it does not exist (or /proc is not there)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid, started):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _proc_start(pid)
+    return now is None or started is None or now == started
+
+
+def lock_run(out):
+    """Take OUT/.lock for this process (rank 0 only), or SystemExit with one line when another writer holds
+    it: two trainers on one folder interleave their log rows and overwrite each other's checkpoints. A lock
+    left by a process that is dead (same host: its pid is gone or now names another process) is taken over;
+    one from another host is never guessed about (delete it by hand when that run is gone). Released at exit."""
+    out = Path(out)
+    if not dist.is_main() or str(out) in _HELD:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path, host = out / LOCK_NAME, platform.node()
+    me = {"pid": os.getpid(), "host": host, "started": _proc_start(os.getpid()),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                held = json.loads(path.read_text())
+                pid, where = int(held["pid"]), str(held["host"])
+            except (OSError, ValueError, KeyError, TypeError):
+                held, pid, where = {}, None, host        # unreadable (a writer died mid-write): stale
+            if pid == os.getpid() and where == host:      # this process already holds it (another spelling)
+                _HELD[str(out)] = path
+                return
+            if where != host:
+                raise SystemExit(f"{out} is locked by pid {pid} on host {where} ({path}); one writer per folder: "
+                                 "delete the lock if that run is gone")
+            if pid is not None and _alive(pid, held.get("started")):
+                raise SystemExit(f"{out} is in use by pid {pid} on this host (since {held.get('since', '?')}); "
+                                 "one writer per folder: stop it first or use another --out")
+            try:
+                path.unlink()                             # stale: the writer is dead; take the folder over
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
+        _HELD[str(out)] = path
+        return
+    raise SystemExit(f"{out}: could not take {path} (another process keeps taking it)")
+
+
+def unlock_run(out):
+    """Drop OUT/.lock when this process holds it."""
+    path = _HELD.pop(str(Path(out)), None)
+    try:
+        if path is not None and json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+@atexit.register
+def _unlock_all():
+    for out in list(_HELD):
+        unlock_run(out)
+
+
+# -----------------------------------------------------------------------------
 # A training run's start and end (rl.py, distill.py)
 
 def start_run(args):
     """OUT folder, its ckpt/ and log.jsonl paths, and the contents of done.json when the run is already
-    complete (None otherwise). Refuses to mix a new run into a folder with checkpoints unless --resume."""
+    complete (None otherwise). Takes the folder's lock (lock_run: a second writer is refused). Refuses to
+    mix a new run into a folder with checkpoints unless --resume."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    lock_run(out)
     ckpt_dir, log_path = out / "ckpt", out / "log.jsonl"
     done = read_done(out)
     if done is not None:
         print(f"{out}/done.json exists: nothing to do")
+        unlock_run(out)
         return out, ckpt_dir, log_path, done
     if latest_checkpoint(ckpt_dir) and not args.resume:
         raise SystemExit(f"{ckpt_dir} has checkpoints: pass --resume to continue, or use a new --out")
@@ -370,7 +463,9 @@ def finish_run(out, script, model, result):
     result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
     result["setup"]["processes"] = dist.world()
     write_result(out, result["config"], result["setup"], result["outcome"])
-    return write_done(out, script, {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
+    done = write_done(out, script, {"adapter": "adapter", "result": "result.json", "log": "log.jsonl"})
+    unlock_run(out)
+    return done
 
 
 # -----------------------------------------------------------------------------
