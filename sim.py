@@ -220,11 +220,56 @@ def load_tasks(path):
     """Read a CVDP-ECov JSONL task file (id, rtl_files, dut_module_name, dut_instance_name, targets, ...)."""
     tasks = []
     for lineno, row in read_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: a task must be a JSON object, got {type(row).__name__}")
         missing = [k for k in ("id", "rtl_files", "dut_module_name", "dut_instance_name") if k not in row]
         if missing:
             raise ValueError(f"{path}:{lineno}: task is missing field(s) {', '.join(missing)}")
+        why = _task_shape_error(row)
+        if why:
+            raise ValueError(f"{path}:{lineno}: task {row.get('id')!r}: {why}")
         tasks.append(row)
     return tasks
+
+
+def _files_error(files, key):
+    if not isinstance(files, list) or not files:
+        return f"{key} must be a non-empty list of {{name, content}} objects, got {type(files).__name__}"
+    for i, f in enumerate(files):
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("content"), str):
+            return f"{key}[{i}] must be an object with string fields name and content"
+    return None
+
+
+def _targets_error(targets):
+    if targets is None:
+        return None
+    if not isinstance(targets, list):
+        return f"targets must be a list, got {type(targets).__name__}"
+    for i, t in enumerate(targets):
+        if not isinstance(t, dict):
+            return f"targets[{i}] must be an object"
+        missing = [k for k in ("inst_name", "metric", "target_percentage") if k not in t]
+        if missing:
+            return f"targets[{i}] is missing {', '.join(missing)}"
+        v = t["target_percentage"]
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            return f"targets[{i}].target_percentage must be a number, got {v!r}"
+        try:
+            v = float(v)
+        except ValueError:
+            return f"targets[{i}].target_percentage must be a number, got {t['target_percentage']!r}"
+        if not 0 <= v <= 100:
+            return f"targets[{i}].target_percentage must be within 0..100, got {v:g}"
+    return None
+
+
+def _task_shape_error(task):
+    """Why a task row cannot be scored (a field of the wrong shape), or None."""
+    for k in ("dut_module_name", "dut_instance_name"):
+        if not isinstance(task[k], str) or not task[k]:
+            return f"{k} must be a non-empty string, got {task[k]!r}"
+    return _files_error(task["rtl_files"], "rtl_files") or _targets_error(task.get("targets"))
 
 
 def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None):
@@ -249,11 +294,17 @@ def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None):
 
 
 def _check_job(job):
+    if not isinstance(job, dict):
+        raise ValueError(f"a job must be a dict, got {type(job).__name__}")
     for k in ("rtl_files", "top", "inst", "tb"):
         if k not in job:
             raise ValueError(f"job {job.get('id', '?')!r} is missing {k!r}")
     if not job["rtl_files"]:
         raise ValueError(f"job {job.get('id', '?')!r} has no rtl_files")
+    why = (_files_error(job["rtl_files"], "rtl_files") or _targets_error(job.get("targets"))
+           or next((f"{k} must be a string" for k in ("top", "inst", "tb") if not isinstance(job[k], str)), None))
+    if why:
+        raise ValueError(f"job {job.get('id', '?')!r}: {why}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", job["inst"]):
         raise ValueError(f"job {job.get('id', '?')!r}: instance name {job['inst']!r} is not a simple identifier")
     if job.get("inst_path") is not None and (not isinstance(job["inst_path"], str)
@@ -904,11 +955,19 @@ def _clip(text, n):
 # CLI
 
 def _read(path):
+    """A source file's text, or SystemExit with one line (missing, unreadable, binary, not UTF-8)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise SystemExit(f"sim.py: cannot read {path}: {e.strerror}")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise SystemExit(f"sim.py: {path}: a binary file (NUL byte at offset {nul}), not source text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"sim.py: {path}: not UTF-8 text (byte {e.start})")
 
 
 def main(argv=None):
@@ -940,6 +999,14 @@ def main(argv=None):
 
     if args.cmd == "worker":
         return _worker_main(args.cfg)
+    if args.cmd == "score":          # ranges, before any work starts
+        bad = (f"--timeout must be a positive number of seconds, got {args.timeout:g}"
+               if not 0 < args.timeout < float("inf") else
+               f"--sim-time-limit must be >= 0 (0: off), got {args.sim_time_limit}" if args.sim_time_limit < 0 else
+               f"--target must be within 0..100, got {args.target:g}"
+               if args.target is not None and not 0 <= args.target <= 100 else None)
+        if bad:
+            raise SystemExit(f"sim.py: {bad}")
     if shutil.which("iverilog") is None or shutil.which("vvp") is None:
         raise SystemExit("sim.py: iverilog/vvp not found on PATH (apt-get install iverilog, or make sysdeps)")
 

@@ -296,3 +296,39 @@ def test_cli_score_from_task_file(shared_dir, tmp_path):
     r = subprocess.run([sys.executable, "sim.py", "score", "--tasks", str(shared_dir / "data" / "dev_tasks.jsonl"),
                         "--id", "nope", "--tb", str(tb)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
+    """Bad input of any shape: one line naming the file (and line, key), a non-zero exit, no traceback."""
+    (tmp_path / "bin.sv").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    (tmp_path / "latin.sv").write_bytes(b"module m; // caf\xe9\nendmodule\n")
+    rtl = [{"name": "m.sv", "content": "module m; endmodule"}]
+    rows = {"str_rtl": {"id": "a", "rtl_files": "module m; endmodule", "dut_module_name": "m",
+                        "dut_instance_name": "uut"},
+            "no_pct": {"id": "a", "rtl_files": rtl, "dut_module_name": "m", "dut_instance_name": "uut",
+                       "targets": [{"inst_name": "uut", "metric": "overall_average"}]},
+            "list_row": [1, 2]}
+    for name, row in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    ok_rtl, ok_tb = str(DESIGNS / "counter.sv"), str(DESIGNS / "tb_counter.sv")
+    cases = [
+        (["score", "--rtl", str(tmp_path / "bin.sv"), "--top", "m", "--tb", ok_tb], "binary file"),
+        (["score", "--rtl", str(tmp_path / "latin.sv"), "--top", "m", "--tb", ok_tb], "not UTF-8"),
+        (["score", "--rtl", ok_rtl, "--top", "counter", "--tb", str(tmp_path / "bin.sv")], "binary file"),
+        (["score", "--tasks", str(tmp_path / "str_rtl.jsonl"), "--id", "a", "--tb", ok_tb], "str_rtl.jsonl:1: "),
+        (["score", "--tasks", str(tmp_path / "no_pct.jsonl"), "--id", "a", "--tb", ok_tb], "target_percentage"),
+        (["score", "--tasks", str(tmp_path / "list_row.jsonl"), "--id", "a", "--tb", ok_tb], "JSON object"),
+        (["score", "--rtl", ok_rtl, "--top", "counter", "--tb", ok_tb, "--timeout", "-1"], "--timeout"),
+        (["score", "--rtl", ok_rtl, "--top", "counter", "--tb", ok_tb, "--timeout", "nan"], "--timeout"),
+        (["score", "--rtl", ok_rtl, "--top", "counter", "--tb", ok_tb, "--sim-time-limit", "-5"], "--sim-time-limit"),
+        (["score", "--rtl", ok_rtl, "--top", "counter", "--tb", ok_tb, "--target", "101"], "--target"),
+        (["score", "--rtl", str(tmp_path / "nope.sv"), "--top", "m", "--tb", ok_tb], "cannot read"),
+        (["prepare", "--rtl", str(tmp_path / "bin.sv"), "--top", "m"], "binary file"),
+    ]
+    for argv, needle in cases:
+        with pytest.raises(SystemExit) as e:
+            sim.main(argv)
+        msg = str(e.value.code)
+        assert msg.startswith("sim.py: ") and needle in msg and "\n" not in msg, (argv, msg)
+    with pytest.raises(ValueError, match="rtl_files"):
+        sim.simulate({"id": "j", "rtl_files": "module m; endmodule", "top": "m", "inst": "uut", "tb": ""})
