@@ -67,8 +67,9 @@ def reachable_coverage(tasks, workers=2, use_teacher=True):
                 whose.append((t["id"], "known stimulus"))
             except harness.HarnessError:
                 pass
-        if t.get("reference_tb"):
-            jobs.append(sim.job_from_task(t, t["reference_tb"]))
+        if t.get("reference_tb"):       # a testbench text (data/designs.py) or a {name, content} file (RTLLM)
+            ref = t["reference_tb"]
+            jobs.append(sim.job_from_task(t, ref["content"] if isinstance(ref, dict) else ref))
             whose.append((t["id"], "reference testbench"))
     for (tid, by), r in zip(whose, sim.simulate_many(jobs, workers=workers, verbose=False) if jobs else []):
         if r.status == sim.OK:
