@@ -4,7 +4,6 @@ fragments of real testbenches to harness.check_stimulus and the pre-scan (no exc
 
 Run: python -m pytest -q tests/test_stimulus_check.py
 """
-import dataclasses
 import json
 import random
 import time
