@@ -21,6 +21,7 @@ with and without periodic resets) and seeds, giving
   random_pass    the best budget's share of seeds that pass the task's targets (0..1)
   random_cov     the best budget's mean overall coverage (percent; a failed run counts 0)
   random_cycles  the fewest cycles of a budget that reaches random_pass and random_cov
+  random_cov_max the best single run (any budget, any seed): what a lucky seed reaches
 plus every budget's numbers. Floors are cached per task in a JSON file keyed by task id + RTL hash (and
 recomputed when the grid, seeds, target mode or targets change).
 
@@ -143,6 +144,7 @@ def summarize(rows):
     best = max(budgets, key=lambda b: (b["pass"], b["cov"]))
     enough = [b for b in budgets if b["pass"] >= best["pass"] and b["cov"] >= best["cov"] - 1e-9]
     return {"random_pass": best["pass"], "random_cov": round(best["cov"], 3),
+            "random_cov_max": round(max(r["cov"] for r in rows), 3),
             "random_cycles": min(b["cycles"] for b in enough), "budgets": budgets}
 
 

@@ -5,12 +5,13 @@ A task measures skill only when random stimulus cannot solve it. The split keeps
   2. some known stimulus reaches coverage `reachable`: the best of the template teacher's calibration
      (data/teacher.calibrate: strong, long and one refinement; a task's stored `icarus_calibration` is reused),
      the task's `known_stimulus` (a stimulus body: the synthetic skill families) and its `reference_tb`;
-  3. the random floor (data/floor.py: the best of 100 to 20,000 random cycles, with and without resets)
-     stays at least MIN_GAP (5) points below it: random_cov <= reachable - MIN_GAP.
-Each kept task gets the target `icarus_overall_average` = (random_cov + reachable) / 2, rounded down to 0.1:
+  3. random stays at least MIN_GAP (5) points below it: random_best <= reachable - MIN_GAP, where random_best
+     is the floor's best single run (data/floor.py's random_cov_max: 100 to 20,000 random cycles, with and
+     without resets, SEEDS seeds each). The best run, not the mean: with one seed, 5-seed evaluations of the
+     random baseline passed 5 % of a split built on the mean (a lucky seed opens a command decoder's frame).
+Each kept task gets the target `icarus_overall_average` = (random_best + reachable) / 2, rounded down to 0.1:
 halfway between what random reaches and what a known stimulus reaches, so random misses it by at least
-MIN_GAP / 2 points and the known stimulus clears it by as much (a few points of seed or refinement noise
-move neither across). Evaluate with --target-mode icarus. Kept rows also carry `random_floor` (so eval needs
+MIN_GAP / 2 points and the known stimulus clears it by as much. Evaluate with --target-mode icarus. Kept rows also carry `random_floor` (so eval needs
 no --floor) and `skill` = {source, reachable, reached_by, random_cov, target}.
 
 Sources: real task files (e.g. ../shared/data/dev_tasks.jsonl, or the data stage's pool.jsonl: held-out
@@ -35,6 +36,7 @@ import sim  # noqa: E402
 from data import floor, skill_designs, teacher  # noqa: E402
 
 MIN_GAP = 5.0       # points random must stay below the reachable coverage (the issue's rule)
+SEEDS = 3           # random seeds per budget of the floor
 
 
 def skill_target(random_cov, reachable):
@@ -77,12 +79,12 @@ def reachable_coverage(tasks, workers=2, use_teacher=True):
     return best
 
 
-def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGETS, use_teacher=True,
+def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGETS, seeds=SEEDS, use_teacher=True,
                       on_floor=None):
     """(kept task rows, report) over `tasks` (real and synthetic together; each row's `skill.source` or
     the caller's `_source` names where it came from). report: the counts through every filter, per source."""
     t0 = time.time()
-    floors = floor.calibrate_floor(tasks, budgets, workers=workers, cache=floor_cache, on_task=on_floor)
+    floors = floor.calibrate_floor(tasks, budgets, seeds, workers=workers, cache=floor_cache, on_task=on_floor)
     reach = reachable_coverage(tasks, workers=workers, use_teacher=use_teacher)
     kept, reasons = [], {}
     for t in tasks:
@@ -92,17 +94,17 @@ def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGE
             reasons[t["id"]] = "cannot_harness"
         elif cov is None:
             reasons[t["id"]] = "no_known_stimulus_runs"
-        elif f["random_cov"] > cov - MIN_GAP:
+        elif f["random_cov_max"] > cov - MIN_GAP:
             reasons[t["id"]] = "random_passes" if f["random_pass"] > 0 else "random_within_5_points"
         else:
-            target = skill_target(f["random_cov"], cov)
+            target = skill_target(f["random_cov_max"], cov)
             row = {k: v for k, v in t.items() if k != "_source"}
             row["targets"] = [x for x in t.get("targets") or [] if x["metric"] != teacher.ICARUS_METRIC] + [
                 {"inst_name": t["dut_instance_name"], "metric": teacher.ICARUS_METRIC, "target_percentage": target}]
             row["random_floor"] = f
             row["skill"] = {**(t.get("skill") or {}), "source": (t.get("skill") or {}).get("source") or t.get("_source"),
                             "reachable": round(cov, 3), "reached_by": by, "random_cov": f["random_cov"],
-                            "target": target}
+                            "random_best": f["random_cov_max"], "target": target}
             kept.append(row)
             reasons[t["id"]] = "kept"
     funnel = {}
@@ -114,8 +116,8 @@ def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGE
     report = {"tasks": len(kept), "real": sum(r["skill"]["source"] != "synthetic" for r in kept),
               "synthetic": sum(r["skill"]["source"] == "synthetic" for r in kept), "funnel": funnel,
               "excluded": {"items": 0, "rule": "not applied yet (see data/skill.py)"},
-              "rule": f"keep when random_cov <= reachable - {MIN_GAP:g}; target = (random_cov + reachable) / 2",
-              "budgets": [list(b) for b in budgets], "seconds": round(time.time() - t0, 1), "reasons": reasons}
+              "rule": f"keep when random_best <= reachable - {MIN_GAP:g}; target = (random_best + reachable) / 2",
+              "budgets": [list(b) for b in budgets], "seeds": seeds, "seconds": round(time.time() - t0, 1), "reasons": reasons}
     return kept, report
 
 
@@ -129,6 +131,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2, help="parallel simulations")
     ap.add_argument("--limit", type=int, default=None, help="only the first N tasks of each file")
     ap.add_argument("--budgets", nargs="+", default=None, help="random budgets, as data/floor.py's --budgets")
+    ap.add_argument("--seeds", type=int, default=SEEDS, help="random seeds per budget")
     ap.add_argument("--no-teacher", action="store_true",
                     help="skip the template teacher's calibration (tasks need a stored one or a known stimulus)")
     args = ap.parse_args(argv)
@@ -150,7 +153,7 @@ def main(argv=None):
         cache[key] = rec
         if len(cache) % 10 == 0:
             floor.save_floor(out / "floor.json", cache)
-    kept, report = build_skill_split(tasks, workers=args.workers, floor_cache=cache, budgets=budgets,
+    kept, report = build_skill_split(tasks, workers=args.workers, floor_cache=cache, budgets=budgets, seeds=args.seeds,
                                      use_teacher=not args.no_teacher, on_floor=save)
     floor.save_floor(out / "floor.json", cache)
     (out / "skill_tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in kept))
