@@ -4,7 +4,8 @@ scope a `final` block that writes the probe bits), and pre-scans a testbench bef
 Design and metric definitions: docs/coverage.md; the scorer's contract and the run/parse layers: sim.py.
 
 Public names (sim.py re-exports them): prepare_dut, PreparedDUT, PrepareError, Item, Scope, run_defines,
-check_testbench, METRIC_DEF_VERSION. Inserted text never contains a newline, so file:line in messages is
+check_testbench, METRIC_DEF_VERSION. The tree readers the pre-scan and harness.check_stimulus share:
+parse_sv, walk, walk_tokens, name_parts, declared_ports, dut_writes, write_message. Inserted text never contains a newline, so file:line in messages is
 the ORIGINAL file and line. Both the instrumented DUT and the pre-scan result are cached per process by
 content hash.
 """
