@@ -48,7 +48,7 @@ def cmd_answers(a):
     import harness
     import torch
     tasks = load_tasks(a.tasks, a.limit)
-    model, tok = common.load_model(a.model)
+    model, tok = common.load_model(a.model, quant=a.quant)
     if a.adapter:
         model = common.load_adapter(model, a.adapter)
     context = common.context_length(model, tok)
@@ -69,7 +69,7 @@ def cmd_answers(a):
     wall = time.time() - t0
     texts = [c.text for c in outs]
     tokens = sum(len(c.completion_ids) for c in outs)
-    rec = {"adapter": a.adapter, "cap_gib": a.cap_gib, "share": a.share, "temperature": a.temperature,
+    rec = {"adapter": a.adapter, "cap_gib": a.cap_gib, "share": a.share, "temperature": a.temperature, "quant": a.quant,
            "n": a.n, "batch_size": a.batch_size, "max_new_tokens": a.max_new_tokens, "tasks": len(tasks),
            "prompt_too_long": too_long, "answers": len(texts), "digest": digest(texts),
            "tokens": tokens, "gen_s": round(wall, 1), "tok_s": round(tokens / wall),
@@ -161,6 +161,7 @@ def main(argv=None):
             q.add_argument("--temperature", type=float, default=0.0)
             q.add_argument("--top-p", type=float, default=1.0)
             q.add_argument("--seed", type=int, default=0)
+            q.add_argument("--quant", default="auto", help="common.load_model's: auto (bf16 on CUDA), fp32, ...")
         else:
             q.add_argument("--adapters", nargs="+", required=True)
     q = sub.add_parser("report")
