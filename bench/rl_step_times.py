@@ -8,7 +8,7 @@ A step's wall time is t_rollout + t_train (+ t_ckpt where logged). Every other `
 breakdown: generation per round, prefill / decode, scoring wait, log-prob recomputation, backward, optimizer
 step, checkpoint) is summarised the same way. The JSON has one object per --run, plus `rl_step_s_median` and
 `opd_step_s_median` taken from the runs named `after` and `opd` when they are given. No GPU needed: this
-only reads logs (the GPU runs are in bench/gpu/small2_stage0.sh).
+only reads logs (results/rl_throughput.md names the runs and their commands).
 """
 import argparse
 import json

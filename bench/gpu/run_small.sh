@@ -19,6 +19,7 @@ PROFILE=${PROFILE:-small}   # PROFILE=smoke with --set model=tiny: the CPU test 
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$NGPU" -ge 1 ] || NGPU=1
 LANES=5
+PER_GPU=$(( (LANES + NGPU - 1) / NGPU ))   # lanes sharing one GPU
 SETS=(--set "sim_workers=$(( $(nproc) / LANES > 2 ? $(nproc) / LANES : 2 ))" "$@")
 mkdir -p "$OUT/lanes"
 rm -f "$OUT/lanes/FAILED"
@@ -47,7 +48,10 @@ lane() {   # lane NAME GPU COMMANDS: a background subshell on one GPU; its first
   local name=$1 gpu=$2
   shift 2
   # (not `( ... ) || mark`: bash ignores set -e inside a subshell on the left of ||)
-  { ( export CUDA_VISIBLE_DEVICES=$(( gpu % NGPU )); set -e; eval "$*" ) > "$OUT/lanes/$name.log" 2>&1
+  # each lane's processes keep to their share of their GPU's memory (common.apply_gpu_cap): a lane that took
+  # what it found free would starve the lanes started after it
+  { ( export CUDA_VISIBLE_DEVICES=$(( gpu % NGPU )) CHORUS_GPU_SHARE=${CHORUS_GPU_SHARE:-1/$PER_GPU}; set -e
+      eval "$*" ) > "$OUT/lanes/$name.log" 2>&1
     [ $? -eq 0 ] || echo "$name" >> "$OUT/lanes/FAILED"; } &
 }
 echo "run_small: $NGPU GPU(s), $LANES lanes, out $OUT, ${SETS[*]}"
