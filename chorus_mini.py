@@ -282,6 +282,17 @@ PROFILES["4b"] = {
     "merge_rank": 48,          # = 3 experts x r 16, merge.py's delta-space default, stated
 }
 
+# The published run (results/small2_run.md, adapters in results/small2/adapters/): the `small` profile with
+# longer RL and OPD and the best validated SFT adapter handed on. About 4.5 H200 hours in all.
+PROFILES["small2"] = {
+    **PROFILES["small"],
+    "sft_pick": "best",        # every SFT stage picked its last step anyway (each still improving at its end)
+    "rl_steps": 300,           # a ceiling: the experts stopped at their plateau after 130 / 100 / 100 steps
+    "rl_min_steps": 100,       # no plateau stop before step 100
+    "rl_stop_on_plateau": True,
+    "opd_steps": 50,           # the three OPD variants, one budget
+}
+
 STAGES = ["data", "sft0", "sft1", "data2", "sft2", "rl0", "rl1", "rl2", "merge", "val",
           "opd", "opd_nogate", "opd_rlfb", "eval", "eval_syn", "compare", "report"]
 NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2", "sft1"],
