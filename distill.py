@@ -359,7 +359,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     pool = None
     if source is None or teacher_source is None:
         if score_fn is None:
-            pool, score_fn = onpolicy.make_scorer(args)
+            pool, score_fn = onpolicy.make_scorer(args, tasks)
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)
         source = source or onpolicy.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
@@ -373,25 +373,13 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     stopped, deadline_hit = False, False
     try:
         while True:
-            last_step = step == args.steps
-            # validation (the student) before the checkpoint, so a checkpoint's log holds its step's val row
-            stopped = onpolicy.validate_step(args, model, tok, val_tasks, log, log_path, out, step,
-                                             release_fast=release_fast, write=bar.write) and not last_step
-            deadline.start()              # a step's time without its validation: deadline_near adds the one due next
-            deadline_hit = not last_step and not stopped and onpolicy.deadline_near(deadline, args, log, step)
-            t_ckpt = time.perf_counter()
-            rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
-                                 {"user_config": user_config, "cursor": cursor, "log": log},
-                                 out / "curves.png", PLOT_KEYS, force=deadline_hit)
-            if last_step:
-                break
-            if stopped:                   # --stop-on-plateau: end as a finished run does
-                bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
-                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
-                break
-            if deadline_hit:
-                deadline.stop(out, step, bar.write)
-                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
+            end, t_ckpt = onpolicy.between_steps(
+                args, step, model=model, tok=tok, optimizer=optimizer, val_tasks=val_tasks, log=log, log_path=log_path,
+                out=out, ckpt_dir=ckpt_dir, resumed_step=resumed_step, deadline=deadline,
+                state={"user_config": user_config, "cursor": cursor, "log": log}, plot_keys=PLOT_KEYS,
+                release_fast=release_fast, write=bar.write)
+            stopped, deadline_hit = end == "plateau", end == "deadline"
+            if end:
                 break
             # ---------------------------------------------------------------- rollouts and the gate
             t0 = time.perf_counter()

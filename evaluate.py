@@ -11,7 +11,7 @@ The loop (docs/method.md §1.6), per task and sample, rounds r = 0..R (R = --rou
 1. r = 0 sees the initial prompt [system, user] (common.build_messages); this is direct mode.
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
-3. Each answer is parsed and, when usable (not no_code / truncated), simulated (onpolicy.submit_answer,
+3. Each answer is parsed and, when usable (not no_code / truncated), simulated (score.submit_answer,
    on a sim.SimPool). Simulations of one batch run while the policy generates the next batch.
 4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
    (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
@@ -52,8 +52,8 @@ import numpy as np
 import common
 import dist
 import harness
-import onpolicy
 import rundir
+import score
 import sim
 from data import floor, teacher
 
@@ -65,12 +65,12 @@ BOTTOM = (False, False, False, False, False, 0.0)      # the key of "no result y
 
 
 # ---------------------------------------------------------------------------------------------------
-# Result ordering and per-result scores (on onpolicy's result dicts: SimResult.to_dict(), or
-# onpolicy.parse_failure(reason) for an answer that did not parse)
+# Result ordering and per-result scores (on score.py's result dicts: SimResult.to_dict(), or
+# score.parse_failure(reason) for an answer that did not parse)
 
 def result_key(result):
     """Total order on results, larger is better (see the module docstring, step 4)."""
-    if onpolicy.is_parse_failure(result):
+    if score.is_parse_failure(result):
         return BOTTOM
     has_cov = result["status"] == "ok" and result.get("overall_pct") is not None
     return (True, bool(result.get("compile_ok")), syn_ok(result), has_cov, bool(result.get("passed")),
@@ -78,7 +78,7 @@ def result_key(result):
 
 
 def syn_ok(result):
-    return not onpolicy.is_parse_failure(result) and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
+    return not score.is_parse_failure(result) and bool(result.get("compile_ok")) and result["status"] in SIM_RAN
 
 
 def coverage(result):
@@ -117,10 +117,10 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
 
     Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
-    parsed answer, scorer result (SimResult.to_dict(), or onpolicy.parse_failure when unparsed), the round whose testbench the
+    parsed answer, scorer result (SimResult.to_dict(), or score.parse_failure when unparsed), the round whose testbench the
     state showed (`state_round`, None = initial prompt) and `best_by_round` (index of the best round so
     far after each round 0..rounds). metrics: compute_metrics() for "direct" and, if rounds > 0, "agentic".
-    answer_mode: testbench | stimulus (harness.first_messages / refine_state_messages, onpolicy.submit_answer).
+    answer_mode: testbench | stimulus (harness.first_messages / refine_state_messages, score.submit_answer).
     Several processes (dist.py): each rank runs its contiguous block of the tasks; every rank gets
     all the samples (in task order) and the metrics of all of them.
     """
@@ -157,13 +157,13 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                 t_gen += time.time() - tg
                 for i, (_, state_round), ok in zip(chunk, states, fits):
                     if not ok:
-                        pending.append((i, state_round, "", TOO_LONG, lambda: onpolicy.parse_failure("prompt_too_long")))
+                        pending.append((i, state_round, "", TOO_LONG, lambda: score.parse_failure("prompt_too_long")))
                         continue
                     text = next(texts, None)
                     if text is None:
                         raise ValueError(f"policy returned fewer answers than the {len(asked)} prompts it was given")
                     # submitted now: simulates while the next chunk generates
-                    answer, wait = onpolicy.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
+                    answer, wait = score.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
                                                           answer_mode)
                     pending.append((i, state_round, text, answer, wait))
                 if next(texts, None) is not None:
@@ -237,7 +237,7 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
         model.train(was)
     d = metrics["direct"]
     results = [s["rounds"][0]["result"] or {} for s in samples]
-    rewards = [onpolicy.result_reward(r) for r in results]
+    rewards = [score.result_reward(r) for r in results]
     per_task = {}
     for s, r in zip(samples, rewards):
         per_task.setdefault(s["task_id"], []).append(r)
@@ -536,6 +536,7 @@ def add_eval_args(p):
 
 def cmd_eval(args):
     dist.init()                 # several processes: before the model lands on this rank's GPU
+    rundir.lock_run(args.out)   # one writer per folder: a second eval into it is refused (one line)
     tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
     if args.model == "random" and args.answer_mode != "stimulus":
         print("eval: the random baseline is a stimulus for the kit's harness: answer mode stimulus")
@@ -976,7 +977,7 @@ def generate_testbench(policy, task, *, n=1, rounds=3, out_dir=None, sim_workers
         if mode == "stimulus" and rec["answer"]["code"]:
             (out / "stimulus.sv").write_text(rec["answer"]["code"])
         (out / "report.json").write_text(json.dumps(report, indent=1))
-        feedback = f"answer not parsed ({rec['answer']['reason']})" if onpolicy.is_parse_failure(rec["result"]) \
+        feedback = f"answer not parsed ({rec['answer']['reason']})" if score.is_parse_failure(rec["result"]) \
             else sim.format_feedback(sim.SimResult.from_dict(rec["result"]))
         (out / "report.txt").write_text(feedback + "\n")
         with open(out / "samples.jsonl", "w") as f:

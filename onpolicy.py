@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import common
 import dist
+import evaluate
 import fastgen
 import harness
 import rundir
@@ -55,114 +55,10 @@ def task_order(cursor, n_tasks, seed):
 
 
 # -----------------------------------------------------------------------------
-# Scoring one answer: parse -> simulate -> reward -> usable or not (also evaluate.py and data/build_sft.py)
-#
-# A result is a dict: SimResult.to_dict() when the answer was simulated, else parse_failure(reason), whose
-# status is the parse reason ("no_code": no code block; "truncated": the block was cut off by the token cap).
+# Scoring: score.py (re-exported here for the trainers' callers)
 
-PARSE_FAILURES = ("no_code", "truncated", "prompt_too_long")   # never simulated (the last: no answer was asked for)
-
-
-def parse_failure(reason):
-    """The result dict of an answer that did not parse (nothing simulated, reward 0)."""
-    return {"status": reason if reason in PARSE_FAILURES else "no_code", "compile_ok": False, "passed": False,
-            "overall_pct": None, "metrics": {}, "uncovered": [], "errors": []}
-
-
-def is_parse_failure(result):
-    return result is None or result.get("status") in PARSE_FAILURES
-
-
-def result_reward(result):
-    """sim.reward of a result dict: 1 + overall/100 when it ran with coverage, else 0."""
-    return 0.0 if is_parse_failure(result) else float(sim.reward(sim.SimResult.from_dict(result)))
-
-
-def feedback_result(result):
-    """What common.refine_messages takes for a scored answer: the result, or None after a parse failure."""
-    return None if is_parse_failure(result) else result
-
-
-def prepare_answer(task, text, target_mode="cvdp", answer_mode="testbench"):
-    """One answer text -> (Answer, job, result): either a sim job to run (result None) or no job and the
-    failure result. answer_mode (the requested mode; harness.task_mode picks the task's own):
-    testbench: common.parse_answer; no_code / truncated -> parse_failure.
-    stimulus: harness.prepare_stimulus (the Answer's code is the stimulus body, its filename the
-    harness's tb_<top>.sv); ok -> the job of harness + stimulus; rejected -> harness.rejected_result
-    (status "rejected", reward 0, nothing simulated); no_code / truncated -> parse_failure."""
-    text = text or ""
-    if harness.task_mode(task, answer_mode) == "stimulus":
-        h = harness.task_harness(task)
-        p = harness.prepare_stimulus(h, text)
-        answer = common.Answer(f"{h.module}.sv", p.body, p.reason)
-        if p.reason == "ok":
-            return answer, sim.job_from_task(task, p.tb, target_mode=target_mode), None
-        if p.reason == "rejected":
-            return answer, None, harness.rejected_result(task["id"], p.why)
-        return answer, None, parse_failure(p.reason)
-    answer = common.parse_answer(text)
-    if answer.reason in PARSE_FAILURES:
-        return answer, None, parse_failure(answer.reason)
-    return answer, sim.job_from_task(task, answer.code, target_mode=target_mode), None
-
-
-def submit_answer(pool, task, text, target_mode="cvdp", answer_mode="testbench"):
-    """Parse `text` (prepare_answer) and, when it gave a job, submit its simulation to a sim.SimPool.
-    Returns (Answer, wait): wait() -> the result dict (the simulation runs meanwhile, so the caller can
-    generate the next batch)."""
-    answer, job, res = prepare_answer(task, text, target_mode, answer_mode)
-    if job is None:
-        return answer, lambda: res
-    future = pool.submit(job)
-    return answer, lambda: future.result().to_dict()
-
-
-def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate", answer_mode="testbench",
-                  retry_starved=False):
-    """[(task, answer text)] -> [result dict], in order (prepare_answer per pair). The jobs are simulated
-    with `workers` processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status.
-    retry_starved: as sim.simulate_many's (a timeout the busy machine starved of CPU runs once more, alone)."""
-    prepared = [prepare_answer(t, text, target_mode, answer_mode) for t, text in pairs]
-    todo = [i for i, (_, job, _) in enumerate(prepared) if job is not None]
-    jobs = [prepared[i][1] for i in todo]
-    out = [res for _, _, res in prepared]
-    counts = {}
-    with tqdm(total=len(jobs), desc=desc, dynamic_ncols=True, disable=not jobs) as bar, \
-            contextlib.ExitStack() as stack:
-        if (workers or os.cpu_count() or 1) > 1 and len(jobs) > 1:
-            pool = stack.enter_context(sim.SimPool(workers))
-            futures = [pool.submit(j) for j in jobs]
-            done = (f.result() for f in futures)
-        else:
-            done = (sim.simulate(j) for j in jobs)
-        for i, r in zip(todo, done):
-            out[i] = r.to_dict()
-            counts[r.status] = counts.get(r.status, 0) + 1
-            bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in sorted(counts.items())), refresh=False)
-            bar.update(1)
-    if retry_starved:                   # alone: the pool is closed
-        for i, job in zip(todo, jobs):
-            if sim.starved_timeout(out[i]):
-                out[i] = sim.simulate(job).to_dict()
-    return out
-
-
-@dataclass
-class Score:
-    """What the trainer needs from the scorer for one sample."""
-    reward: float                  # sim.reward: 1 + coverage, or 0
-    status: str                    # SimResult.status, or the parse failure (no_code / truncated)
-    coverage: float | None = None  # overall coverage 0..1 (partial metrics kept for failures)
-    passed: bool = False           # all coverage targets met
-    compile_ok: bool = False
-    parsed: bool = False
-    result: dict = None            # the result dict (see parse_failure)
-
-    @classmethod
-    def of(cls, result):
-        pct = result.get("overall_pct")
-        return cls(result_reward(result), result["status"], None if pct is None else pct / 100.0,
-                   bool(result.get("passed")), bool(result.get("compile_ok")), not is_parse_failure(result), result)
+from score import (PARSE_FAILURES, Score, feedback_result, is_parse_failure, parse_failure,  # noqa: E402,F401
+                   prepare_answer, result_reward, score_answers, submit_answer)   # (also onpolicy.X for old callers)
 
 
 # -----------------------------------------------------------------------------
@@ -275,13 +171,36 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
     return groups, timings
 
 
-def sim_score_fn(pool, target_mode="icarus", answer_mode="testbench"):
+def sim_score_fn(pool, target_mode="icarus", answer_mode="testbench", floors=None):
     """score_fn for two_round_rollouts backed by sim.SimPool (submit_answer): unparseable answers get
-    reward 0 without simulating."""
+    reward 0 without simulating. floors: {task id: random_cov} for --reward over_random (None: task reward)."""
     def score(task, completion):
         _, wait = submit_answer(pool, task, completion.text, target_mode, answer_mode)
-        return lambda: Score.of(wait())
+        random_cov = None if floors is None else floors[task["id"]]
+        return lambda: Score.of(wait(), random_cov)
     return score
+
+
+def reward_floors(args, tasks):
+    """{task id: random_cov} for --reward over_random, from each task's `random_floor` or the --floor file
+    (data/floor.py); None for the task reward. A task without a floor is an error naming it: its reward would
+    be undefined."""
+    if getattr(args, "reward", "task") == "task":
+        return None
+    from data import floor
+    records = floor.load_floor(args.floor) if args.floor else {}
+    out, missing = {}, []
+    for t in tasks:
+        rec = floor.floor_of(t, records)
+        if rec is None:
+            missing.append(t["id"])
+        else:
+            out[t["id"]] = float(rec["random_cov"])
+    if missing:
+        raise SystemExit(f"--reward over_random: no random floor for {len(missing)} task(s) ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}): run `python data/floor.py TASKS --out FLOOR` and "
+                         "pass --floor FLOOR")
+    return out
 
 
 def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
@@ -654,6 +573,10 @@ def add_rollout_args(p):
     p.add_argument("--release-fast", action=argparse.BooleanOptionalAction, default=None,
                    help="free the fast decoder's memory after each step's rollouts (default: on for GPUs under 40 GiB)")
     p.add_argument("--sim-workers", type=int, default=None, help="SimPool workers per process (None: its share of the cores)")
+    p.add_argument("--reward", choices=("task", "over_random"), default="task",
+                   help="task: 1 + coverage when the answer runs (the paper); over_random: 1 + the coverage gained over "
+                        "the task's random floor (needs --floor or tasks with random_floor)")
+    p.add_argument("--floor", default=None, help="random-floor file of data/floor.py (for --reward over_random)")
     p.add_argument("--sim-timeout", type=float, default=20.0,
                    help="simulation wall-clock limit per rollout, seconds (a timeout earns 0; sim.py default 20)")
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="skip tasks with longer round-1 prompts; "
@@ -680,10 +603,12 @@ def filter_long_prompts(tasks, tok, model, args):
     return kept
 
 
-def make_scorer(args):
-    """(SimPool, score_fn) from the rollout flags; the caller closes the pool."""
+def make_scorer(args, tasks=()):
+    """(SimPool, score_fn) from the rollout flags (tasks: the run's, for --reward over_random's floors); the
+    caller closes the pool."""
+    floors = reward_floors(args, tasks)            # before the pool: a missing floor is one line, nothing started
     pool = sim.SimPool(args.sim_workers or dist.cpu_share(), cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
-    return pool, sim_score_fn(pool, args.target_mode, getattr(args, "answer_mode", "testbench"))
+    return pool, sim_score_fn(pool, args.target_mode, getattr(args, "answer_mode", "testbench"), floors)
 
 
 
@@ -712,6 +637,33 @@ def add_runtime_args(p, save_every):
 # Validation during training (rl.py, distill.py): rows {"step", "val": 1, "val/...": ...} in log.jsonl
 
 PLATEAU_DELTA = 0.005          # a validation reward gain of at most this is no improvement (for the plateau)
+
+
+def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path, out, ckpt_dir, resumed_step,
+                  deadline, state, plot_keys, release_fast=False, write=print):
+    """What rl.py and distill.py do before each step (and after the last): validate when due (validate_step),
+    checkpoint and plot (rundir.save_and_plot; forced before a deadline stop), then decide whether the run ends.
+    Validation runs before the checkpoint, so a checkpoint's log holds its step's val row. Returns (end, t):
+    end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau) or "deadline" ($CHORUS_DEADLINE:
+    checkpointed, resumable); t = perf_counter() before the checkpoint (the step logs the checkpoint's time)."""
+    last_step = step == args.steps
+    plateau = validate_step(args, model, tok, val_tasks, log, log_path, out, step, release_fast=release_fast,
+                            write=write) and not last_step
+    deadline.start()              # a step's time without its validation: deadline_near adds the one due next
+    hit = not last_step and not plateau and deadline_near(deadline, args, log, step)
+    t = time.perf_counter()
+    rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, state, out / "curves.png", plot_keys,
+                         force=hit)
+    if last_step:
+        return "done", t
+    if plateau:
+        write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
+    elif hit:
+        deadline.stop(out, step, write)
+    else:
+        return None, t
+    rundir.plot_log(log, out / "curves.png", plot_keys)
+    return ("plateau" if plateau else "deadline"), t
 
 
 def deadline_near(deadline, args, log, step):
@@ -799,7 +751,6 @@ def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, rele
         return False
     due = step == 0 or step % args.val_every == 0 or step == args.steps
     if due and not any(r.get("val") and r["step"] == step for r in log):
-        import evaluate            # evaluate imports this module
         best = val_summary(log, args.val_patience)["val_best_reward"]
         with keep_rng():
             m = evaluate.validate(model, tok, val_tasks, n=args.val_n, max_new_tokens=args.max_new_tokens,

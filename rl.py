@@ -56,10 +56,10 @@ import common
 import dist
 import rundir
 import sim
-from onpolicy import (add_rollout_args, add_runtime_args, build_policy, check_best, collect_groups, deadline_near,
+from onpolicy import (add_rollout_args, add_runtime_args, between_steps, build_policy, check_best, collect_groups,
                       derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer, make_scorer,
                       micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics, use_adapter,
-                      val_summary, validate_step)
+                      val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -351,7 +351,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     pool = None
     if source is None:
         if score_fn is None:
-            pool, score_fn = make_scorer(args)
+            pool, score_fn = make_scorer(args, tasks)
         source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
                                    seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
                                    temperature=args.temperature, gen_batch_size=args.gen_batch_size,
@@ -363,26 +363,13 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     stopped, deadline_hit = False, False
     try:
         while True:
-            last_step = step == args.steps
-            # validation before the checkpoint, so a checkpoint's log holds its step's val row
-            stopped = validate_step(args, model, tok, val_tasks, log, log_path, out, step,
-                                    release_fast=release_fast_default(args.release_fast), write=bar.write) \
-                and not last_step
-            deadline.start()              # a step's time without its validation: deadline_near adds the one due next
-            deadline_hit = not last_step and not stopped and deadline_near(deadline, args, log, step)
-            t_ckpt = time.perf_counter()
-            rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer,
-                                 {"user_config": user_config, "cursor": cursor, "log": log},
-                                 out / "curves.png", PLOT_KEYS, force=deadline_hit)
-            if last_step:
-                break
-            if stopped:                   # --stop-on-plateau: end as a finished run does
-                bar.write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
-                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
-                break
-            if deadline_hit:
-                deadline.stop(out, step, bar.write)
-                rundir.plot_log(log, out / "curves.png", PLOT_KEYS)
+            end, t_ckpt = between_steps(
+                args, step, model=model, tok=tok, optimizer=optimizer, val_tasks=val_tasks, log=log, log_path=log_path,
+                out=out, ckpt_dir=ckpt_dir, resumed_step=resumed_step, deadline=deadline,
+                state={"user_config": user_config, "cursor": cursor, "log": log}, plot_keys=PLOT_KEYS,
+                release_fast=release_fast_default(args.release_fast), write=bar.write)
+            stopped, deadline_hit = end == "plateau", end == "deadline"
+            if end:
                 break
             # ---------------------------------------------------------------- one RL step
             t0 = time.perf_counter()

@@ -640,6 +640,7 @@ def main(argv=None):
     val_options = {"n": args.val_n, "max_new_tokens": args.val_max_new_tokens, "sim_workers": args.sim_workers,
                    "target_mode": args.target_mode, "answer_mode": args.answer_mode,
                    "batch_size": args.gen_batch_size} if val_tasks else None
+    rundir.lock_run(args.out)         # one writer per folder: a second sft.py on it is refused (one line)
     model, tok = common.load_model(args.model, quant=args.quant)
     extra = {"model": args.model, "data": args.data, "limit": args.limit}
     if val_rows or val_tasks:

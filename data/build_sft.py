@@ -28,7 +28,7 @@ Answer modes (--answer-mode, harness.py): testbench (above) or stimulus: the pro
 harness.first_messages / refine_state_messages (the kit's harness is in the prompt), the answers stimulus
 bodies (harness.render_stimulus), the template teacher writes stimulus answers (teacher.stimulus_answer;
 stage-1 states: weaker stimuli and teacher.corrupt_stimulus copies; refinement: teacher.refine_stimulus), and
-scoring assembles harness + stimulus (onpolicy.prepare_answer). A design the kit cannot harness gets
+scoring assembles harness + stimulus (score.prepare_answer). A design the kit cannot harness gets
 testbench-mode rows. Every row names its mode (`answer_mode`); result.json's outcome counts the distinct
 stimulus bodies of each stage's rows (`distinct_stimuli`: a design-aware teacher gives many).
 
@@ -72,7 +72,7 @@ import rundir  # noqa: E402
 import sim  # noqa: E402
 from data import teacher as teacher_mod  # noqa: E402
 from data.designs import contamination_filter, generate_tasks  # noqa: E402
-from onpolicy import feedback_result, is_parse_failure, result_reward, score_answers  # noqa: E402
+from score import feedback_result, is_parse_failure, result_reward, score_answers  # noqa: E402
 
 MIN_GAIN_PCT = 1.0          # overall coverage must rise by more than 1 point (0.01 as a fraction)
 MEDIAN_MINUS_WORST = 0.1    # keep the median state only if median - worst > 0.1 (fraction)
@@ -80,8 +80,8 @@ STATE_LEVELS = ("minimal", "weak", "medium")
 
 
 # ----------------------------------------------------------------------------------------------
-# Scoring: onpolicy.score_answers (parse -> simulate; a parse failure is a result whose status is
-# no_code / truncated, never simulated) and onpolicy.result_reward (sim.reward on a result dict)
+# Scoring: score.score_answers (parse -> simulate; a parse failure is a result whose status is
+# no_code / truncated, never simulated) and score.result_reward (sim.reward on a result dict)
 # ----------------------------------------------------------------------------------------------
 
 def rank_key(res):
@@ -205,7 +205,7 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="
 
     Returns (rows, stats); stats["skipped_ids"] are the designs the teacher cannot drive (counted per
     reason in stats["skipped_by_reason"]). score_fn([(task, answer)]) -> [result dict] defaults to
-    onpolicy.score_answers.
+    score.score_answers.
     """
     score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers",
                                                         answer_mode=answer_mode, retry_starved=True))

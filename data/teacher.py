@@ -616,7 +616,7 @@ def teacher_policy(tasks, level="strong", mode="testbench", seed=0, target_mode=
     is answered by TemplateTeacher.refine, which needs the scorer's structured result: the answer shown is
     scored again here (once per distinct answer; the scorer is deterministic), since the feedback text
     holds only part of it. A design the teacher cannot drive gets a text without code (no_code)."""
-    import onpolicy         # here: it imports torch, which the data builders need not pay for
+    import score            # here: the data builders that import this file need no scorer
 
     by_prompt = {harness.first_messages(t, mode)[1]["content"]: t for t in tasks}
     teach = TemplateTeacher(level, seed, mode)
@@ -625,9 +625,9 @@ def teacher_policy(tasks, level="strong", mode="testbench", seed=0, target_mode=
     def result_of(task, text):
         key = (task["id"], text)
         if key not in scored:
-            _, job, res = onpolicy.prepare_answer(task, text, target_mode, mode)
+            _, job, res = score.prepare_answer(task, text, target_mode, mode)
             scored[key] = res if job is None else sim.simulate(job, sim_cfg).to_dict()
-        return None if onpolicy.is_parse_failure(scored[key]) else scored[key]
+        return None if score.is_parse_failure(scored[key]) else scored[key]
 
     def answer(msgs):
         task = by_prompt.get(msgs[1]["content"])
