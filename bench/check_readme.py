@@ -97,6 +97,14 @@ def smoke_rss(path):
     return (str(-(-max(rss) // 1024)),)
 
 
+def random_baseline(path):
+    """Random stimulus at 20k cycles on the whole reporting split: Pass@1 and its interval."""
+    m = re.search(r"\| random, 20k cycles \| \d+ x 1 \| ([\d.]+) \[([\d.]+), ([\d.]+)\]", Path(path).read_text())
+    if not m:
+        raise ValueError("no 'random, 20k cycles' row")
+    return m.groups()
+
+
 def suite(path):
     s = js(path)
     return str(s["tests"]), str(round(s["seconds"])), str(s["cores"])
@@ -136,6 +144,8 @@ FIGURES = [
                                                    f1(js(p, "testbench", "agentic", "pass@1"))),
            "agentic Pass@1 was {} % in stimulus mode against {} % in testbench mode"),
     Figure("results/corpus.json", lambda p: (str(js(p, "real_designs")),), "({} designs pass every filter)"),
+    Figure("results/skill_bench.md", random_baseline, "passes {} % [{}, {}] of the whole reporting split"),
+    Figure("results/skill_bench.md", md(r"\| random, 20k cycles \| (\d+) x 1 \|"), "reporting split ({} tasks;"),
     Figure("results/suite.json", suite, "{} tests, {} s on {} cores", optional=True),
 ]
 
