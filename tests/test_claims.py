@@ -191,7 +191,8 @@ def test_claims_on_the_skill_split(tmp_path, capsys):
     assert evaluate.claims(tmp_path / "eval", n_boot=200, skill=skill)["claims"] == flagged["claims"]
     # the split as a task file, or as a floor file (the tasks random never passes)
     tasks = tmp_path / "skill.jsonl"
-    tasks.write_text("".join(json.dumps({"id": t, "rtl_files": [], "dut_module_name": "m", "dut_instance_name": "uut"})
+    tasks.write_text("".join(json.dumps({"id": t, "rtl_files": [{"name": "m.sv", "content": "module m; endmodule\n"}],
+                                         "dut_module_name": "m", "dut_instance_name": "uut"})
                              + "\n" for t in sorted(skill)))
     floor = tmp_path / "floor.json"
     floor.write_text(json.dumps({"version": 1, "tasks": {f"t{i:02d}:0": {"id": f"t{i:02d}", "random_cov": 50.0,

@@ -323,15 +323,22 @@ def _design_tasks():
     return [make_task((root / f).read_text(), top, "uut", tid=f"stim_{top}") for f, top in DESIGNS]
 
 
-def _scored_stimulus(task, answers):
+def _scored_stimulus(task, answers, allow_rejected=False):
+    """Result dicts of stimulus answers; with allow_rejected, one the harness's check refuses gets its
+    rejected_result (nothing simulated), as the score path gives it."""
     sim = pytest.importorskip("sim")
     h = harness.make_harness(task)
-    jobs = []
+    jobs, out = [], []
     for a in answers:
         p = harness.prepare_stimulus(h, a)
+        if allow_rejected and p.reason == "rejected":
+            out.append(harness.rejected_result(task["id"], p.why))
+            continue
         assert p.reason == "ok", (task["id"], p.reason, p.why)
         jobs.append(sim.job_from_task(task, p.tb))
-    return [r.to_dict() for r in sim.simulate_many(jobs, workers=2, verbose=False)]
+        out.append(None)
+    results = iter(r.to_dict() for r in sim.simulate_many(jobs, workers=2, verbose=False))
+    return [r if r is not None else next(results) for r in out]
 
 
 def test_stimulus_answers_are_design_aware_and_pass_the_checks():
@@ -408,8 +415,8 @@ def test_stimulus_corruptions_fail_and_refine_fixes():
     base = teacher.stimulus_answer(t, "weak")
     for kind in teacher.STIMULUS_CORRUPTIONS:
         bad_text = teacher.corrupt_stimulus(t, base, kind)
-        (bad,) = _scored_stimulus(t, [bad_text])
-        assert bad["status"] == "compile_error", (kind, bad["status"])
+        (bad,) = _scored_stimulus(t, [bad_text], allow_rejected=True)   # the check or the compiler refuses it
+        assert bad["status"] in ("rejected", "compile_error"), (kind, bad["status"])
         (good,) = _scored_stimulus(t, [teacher.refine_stimulus(t, bad_text, bad)])
         assert good["status"] == "ok", (kind, good.get("errors"))
 
