@@ -181,6 +181,8 @@ PROFILES = {
         "test_rounds": 0,          # refinement rounds on the synthetic test tasks
         "eval_models": "all",      # 'all' or a comma list (base,sft0,...,opd_rlfb): evaluates just those models,
                                    # needing just their stages; the eval stage completes once all are done
+        "eval_baselines": "",      # comma list of weightless baselines evaluated beside the models in eval / eval_syn
+                                   # (evaluate.py --model random | teacher:LEVEL; folder names random, teacher_LEVEL)
     },
 }
 
@@ -191,6 +193,8 @@ PROFILES = {
 # sized from the memory the card has, and a split changes the memory, never the answers.
 PROFILES["small"] = {
     **PROFILES["smoke"],
+    "eval_baselines": "random,teacher:strong",   # every table shows what a model adds over random stimulus and the
+                               # template teacher (results/skill_bench.md); on CPU, beside the GPU's models
     "sim_workers": 14,         # 16 cores: leave two for the GPU process
     "grad_ckpt": False,        # a 135M model's activations fit an H200 easily; recomputing them costs time
     "gen_batch_size": 256,     # one eval round (40 tasks x 5 samples) in one generate call; the fast decoder halves a
@@ -804,6 +808,15 @@ def model_adapters(o, c=None):
             **{m: o / "merge" / m for m in MERGES}, **{v: o / v / "adapter" for v in OPD_VARIANTS}}
 
 
+def baselines(c):
+    """The profile's eval_baselines: folder name -> evaluate.py --model spec (random, teacher:LEVEL)."""
+    specs = [b.strip() for b in c["eval_baselines"].split(",") if b.strip()]
+    bad = [b for b in specs if b != "random" and not (b.startswith("teacher:") and len(b) > len("teacher:"))]
+    if bad:
+        raise SystemExit(f"chorus_mini.py: eval_baselines: unknown baseline(s) {bad} (random, teacher:LEVEL)")
+    return {b.replace(":", "_"): b for b in specs}
+
+
 def compare_cmd(o, names, out, sub="eval"):
     dirs = [o / sub / n for n in names]
     argv = ["python", "chorus_mini.py", "compare", *map(rel, dirs), "--out", rel(out)]
@@ -825,6 +838,7 @@ def cmd_run(args):
         except ValueError as e:
             raise SystemExit(f"chorus_mini.py: gpu_share: {e}") from None
         os.environ[common.GPU_SHARE_ENV] = str(c["gpu_share"])
+    baselines(c)                # a bad eval_baselines: one line now, not after training
     o = Path(args.out or ROOT / "runs" / args.profile).resolve()
     model = rel(o / "data/tiny_model") if c["model"] == "tiny" else c["model"]
     ctx = argparse.Namespace(out=o, only=set(args.only or []))
@@ -871,22 +885,28 @@ def cmd_run(args):
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
     needs = sorted({MODEL_STAGE[m] for m in wanted})
+    base = baselines(c)         # weightless: evaluated beside the models, and in every comparison
     run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o, c)[m], eval_tasks, o / "eval" / m, c["eval_n"],
-                                     c["eval_rounds"]) for m in wanted], needs=needs, partial=subset)
+                                     c["eval_rounds"]) for m in wanted]
+              + [eval_cmd(c, o, spec, None, eval_tasks, o / "eval" / name, c["eval_n"], c["eval_rounds"])
+                 for name, spec in base.items()], needs=needs, partial=subset)
     syn = []                    # the held-out synthetic test designs of the data stage
     if c["test_tasks"] > 0:
         syn_tasks = o / "data" / "test_tasks.jsonl"
         syn = [eval_cmd(c, o, model, model_adapters(o, c)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
-                         c["test_rounds"]) for m in wanted]
+                         c["test_rounds"]) for m in wanted] \
+            + [eval_cmd(c, o, spec, None, syn_tasks, o / "eval_syn" / name, c["test_n"], c["test_rounds"])
+               for name, spec in base.items()]
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
     if subset:
         print(f"chorus-mini run: eval_models={c['eval_models']} is a subset of the models: compare and report wait "
               "for a run with all of them")
         return 0
     experts = [m for m in ("rl0", "rl1", "rl2") if m in wanted]
-    run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, wanted, o / "compare/all")]
+    everyone = wanted + list(base)
+    run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, everyone, o / "compare/all")]
               + ([compare_cmd(o, experts, o / "compare/experts_syn", "eval_syn"),
-                  compare_cmd(o, wanted, o / "compare/all_syn", "eval_syn")] if syn else []))
+                  compare_cmd(o, everyone, o / "compare/all_syn", "eval_syn")] if syn else []))
     run_stage(ctx, "report", [Cmd(["python", "chorus_mini.py", "report", "--out", rel(o)], fn=lambda: report(o))])
     if ctx.only and "report" not in ctx.only:
         print(f"chorus-mini run: stage(s) {' '.join(args.only)} done")

@@ -494,8 +494,7 @@ def _load_policy(args, tasks=()):
 
 
 def _add_model_args(p):
-    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
-                   help="testbench: whole testbenches; stimulus: the kit writes the harness, the model the stimulus")
+    harness.add_answer_mode_arg(p)
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2); or a "
                    "baseline with no weights, run on CPU: `random` (constrained-random stimulus, stimulus mode) or "
                    f"`teacher:LEVEL` (the template teacher; LEVEL one of {', '.join(teacher.LEVELS)})")

@@ -627,7 +627,17 @@ def stimulus_refine_messages(task, harness, answer_text, result):
 # ----------------------------------------------------------------------------------------------
 
 ANSWER_MODES = ("testbench", "stimulus")
+# Every script's --answer-mode defaults to the profiles' mode (chorus_mini.py): stimulus, which the small models
+# answer far better (results/answer_modes.md); the paper's whole testbenches are --answer-mode testbench.
+DEFAULT_ANSWER_MODE = "stimulus"
 _HARNESS_CACHE = {}         # (id, top, inst, sha256 of the RTL) -> Harness or the HarnessError
+
+
+def add_answer_mode_arg(p, what="answers"):
+    """The one --answer-mode declaration (evaluate.py, rl.py / distill.py through onpolicy, sft.py, build_sft.py)."""
+    p.add_argument("--answer-mode", choices=ANSWER_MODES, default=DEFAULT_ANSWER_MODE,
+                   help=f"{what}: stimulus (default; the kit writes the harness from the DUT's ports, the model the "
+                        "stimulus; a design it cannot harness falls back to testbench) or testbench (whole testbenches)")
 
 
 def check_mode(mode):

@@ -564,9 +564,7 @@ def make_optimizer(model, lr, weight_decay=0.0, betas=(0.9, 0.95)):
 def add_rollout_args(p):
     """The rollout and scorer flags rl.py and distill.py share."""
     p.add_argument("--target-mode", default="icarus", help="coverage targets for pass_rate: icarus | cvdp")
-    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
-                   help="testbench: the model writes whole testbenches; stimulus: the kit writes the harness, the "
-                        "model the stimulus (a design the kit cannot harness falls back to testbench)")
+    harness.add_answer_mode_arg(p, "rollouts and validation")
     p.add_argument("--gen-chunk", type=int, default=1, help="prompts per (student) generate call; simulation of one "
                    "chunk overlaps the next")
     p.add_argument("--gen-batch-size", type=int, default=64, help="common.generate batch size")

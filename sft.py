@@ -593,7 +593,7 @@ def main(argv=None):
     p.add_argument("--val-every", type=int, default=None, help="optimizer steps between validations (default: each epoch's end)")
     p.add_argument("--val-n", type=int, default=1, help="samples per validation task")
     p.add_argument("--val-max-new-tokens", type=int, default=1024, help="answer cap of a validation sample")
-    p.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench", help="validation tasks' answers")
+    harness.add_answer_mode_arg(p, "validation tasks' answers")
     p.add_argument("--target-mode", choices=("cvdp", "icarus"), default="icarus", help="validation coverage targets")
     p.add_argument("--sim-workers", type=int, default=None, help="validation simulations in parallel (default: sim's)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="validation generation batch size")
@@ -617,6 +617,7 @@ def main(argv=None):
     p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/ckpt")
     args = p.parse_args(argv)
+    print(f"sft.py: answer mode {args.answer_mode} (validation)" if args.val_tasks else "sft.py: rows as given (--data)")
 
     dist.init()               # several processes: before the model lands on this rank's GPU
     deadline = rundir.Deadline()      # $CHORUS_DEADLINE, refused (one line) before anything loads

@@ -497,8 +497,7 @@ def main(argv=None):
                           "the dropped ids go to build_info.json")
     src.add_argument("--threshold", type=float, default=0.5, help="F1 threshold for --decontaminate")
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--answer-mode", choices=harness.ANSWER_MODES, default="testbench",
-                    help="testbench: whole-testbench rows; stimulus: the kit's harness in the prompt, stimulus answers")
+    harness.add_answer_mode_arg(ap, "rows")
     ap.add_argument("--n", type=int, default=2, help="teacher tries per task for stage 0 (best kept)")
     ap.add_argument("--rounds", type=int, default=2, help="refinement rounds per stage-1 state")
     ap.add_argument("--fail-fraction", type=float, default=0.3, help="designs that also get a broken state")
@@ -526,6 +525,7 @@ def main(argv=None):
     s2.add_argument("--stages01-from", metavar="DIR", help="take stages 0-1 from this earlier build of the same "
                     "--tasks and settings (its stage0/1.jsonl and build_info.json) instead of rebuilding them")
     args = ap.parse_args(argv)
+    print(f"build_sft.py: answer mode {args.answer_mode}")
     if bool(args.tasks) == bool(args.synthetic):
         ap.error("give exactly one of --tasks FILE or --synthetic N")
     if args.teacher_adapter and not args.teacher_hf:

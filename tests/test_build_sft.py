@@ -293,7 +293,7 @@ def test_stages01_from_is_checked_before_the_stage2_model_loads(tmp_path, capsys
     build_sft.build_all(tasks, tmp_path / "a", teacher_mod.TemplateTeacher("strong"), n=1, fail_fraction=0.0,
                         rounds=1, score_fn=_template_score)
     base = ["--tasks", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "b"), "--stages01-from", str(tmp_path / "a"),
-            "--n", "1", "--fail-fraction", "0"]
+            "--n", "1", "--fail-fraction", "0", "--answer-mode", "testbench"]   # as build_all's default above
     with pytest.raises(SystemExit):
         build_sft.main(base + ["--rounds", "1"])
     assert "--stages01-from is for a stage-2 build" in capsys.readouterr().err
@@ -324,7 +324,7 @@ def test_cli_all_stages_with_stage2_model_and_decontamination(tmp_path):
     info = build_sft.main(["--tasks", str(tmp_path / "train.jsonl"), "--decontaminate", str(tmp_path / "eval.jsonl"),
                            "--out", str(out), "--n", "1", "--rounds", "1", "--fail-fraction", "0", "--workers", "1",
                            "--stage2-model", m, "--stage2-adapter", a, "--stage2-max-new-tokens", "4",
-                           "--quant", "fp32"])
+                           "--quant", "fp32", "--answer-mode", "testbench"])
     saved = json.loads((out / "build_info.json").read_text())
     assert saved == json.loads(json.dumps(info))
     assert json.loads((out / "result.json").read_text())["outcome"]["sizes"] == saved["sizes"]

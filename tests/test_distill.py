@@ -474,17 +474,18 @@ def test_prompts_too_long_for_both_rounds_are_dropped_as_in_rl(experts, tmp_path
         seen.extend(t["id"] for t in step_tasks)
         return source(model, tok_, step_tasks, step=step, first_index=first_index)
     distill.run(_args(paths, tmp_path / "run", "--steps", "2", "--prompts-per-step", "3", "--group-size", "2",
-                      "--max-prompt-tokens", str(limit)), source=recording_source, teacher_source=teacher_source,
-                tasks=tasks)
+                      "--max-prompt-tokens", str(limit), "--answer-mode", "testbench"), source=recording_source,
+                teacher_source=teacher_source, tasks=tasks)
     assert sorted(seen) == ["s0", "s0", "s1", "s1", "s2", "s2"]        # two passes over the three that fit
     assert f"prompt filter: 3/4 tasks have <= {limit} prompt tokens (--max-prompt-tokens)" in capsys.readouterr().out
-    args = rl.parse_args(["--tasks", "x", "--out", str(tmp_path / "rl"), "--max-prompt-tokens", str(limit)])
+    args = rl.parse_args(["--tasks", "x", "--out", str(tmp_path / "rl"), "--max-prompt-tokens", str(limit),
+                          "--answer-mode", "testbench"])
     assert [t["id"] for t in onpolicy.filter_long_prompts(tasks, tok, None, args)] == ["s0", "s1", "s2"]
     # 0 (the pipeline's default): the limit from the student's context, 8192 - 2 rounds x new tokens - 1024
     new = (8192 - 1024 - limit) // 2
     seen.clear()
     distill.run(_args(paths, tmp_path / "ctx", "--steps", "1", "--prompts-per-step", "3", "--group-size", "2",
-                      "--max-prompt-tokens", "0", "--max-new-tokens", str(new)),
+                      "--max-prompt-tokens", "0", "--max-new-tokens", str(new), "--answer-mode", "testbench"),
                 source=recording_source, teacher_source=teacher_source, tasks=tasks)
     assert sorted(seen) == ["s0", "s1", "s2"]
     assert f"prompt filter: 3/4 tasks have <= {8192 - 2 * new - 1024} prompt tokens (context 8192 - 2 rounds" \

@@ -432,3 +432,16 @@ def test_a_run_folder_older_than_tune_source_dev_is_a_clear_error(tmp_path):
         cm.main(["run", "--out", str(o), "--profile", "smoke", "--set", "tune_source=dev",
                  "--set", f"eval_tasks={tmp_path / 'dev.jsonl'}", "--only", "eval"])
     assert "tuning_tasks" not in str(e.value) and "stage eval needs" in str(e.value)
+
+
+def test_eval_baselines_are_evaluated_beside_the_models(tmp_path):
+    """The small profiles evaluate random stimulus and the template teacher as models of their own (evaluate.py
+    --model random | teacher:LEVEL, no adapter), in eval/random and eval/teacher_strong; a bad name is one line."""
+    c = cm.PROFILES["small"]
+    assert cm.baselines(c) == {"random": "random", "teacher_strong": "teacher:strong"}
+    assert cm.baselines(cm.PROFILES["smoke"]) == {}
+    cmd = cm.eval_cmd(c, tmp_path, "random", None, tmp_path / "t.jsonl", tmp_path / "eval" / "random", 5, 3)
+    argv = cmd.argv
+    assert argv[argv.index("--model") + 1] == "random" and "--adapter" not in argv
+    with pytest.raises(SystemExit, match="unknown baseline"):
+        cm.baselines(cm.apply_overrides(c, ["eval_baselines=random,teacher:"]))
