@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 import random
 import re
@@ -576,6 +577,23 @@ def _setup_tokenizer(tok, model_config=None):
     return tok
 
 
+def _model_config(path):
+    """The HF config of a model folder or hub id. A path that names no model is a ValueError or FileNotFoundError
+    naming it (one line at the command line, rundir.cli), not transformers' traceback about repo ids."""
+    from transformers import AutoConfig
+    local = Path(path).expanduser()
+    if local.exists() and not (local / "config.json").is_file():
+        raise ValueError(f"model {path}: " + ("a folder without config.json, not an HF model folder" if local.is_dir()
+                                               else "a file, neither an HF model folder nor a .gguf file"))
+    if not local.exists() and (local.is_absolute() or str(path).startswith((".", "~")) or str(path).count("/") > 1):
+        raise FileNotFoundError(f"model {path}: no such file or folder")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:       # an id the hub does not have, or no network
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"model {path}: no such folder, and not a model the hub gives ({why})") from None
+
+
 def load_model(name_or_path=None, *, quant="auto", device=None, cache_dir=None):
     """Load (model, tokenizer) from an HF id, a local HF folder or a .gguf file (default: the embedded
     SmolLM2-135M-Instruct GGUF, converted once to a cached HF folder). Prints device/dtype and why.
@@ -589,7 +607,7 @@ def load_model(name_or_path=None, *, quant="auto", device=None, cache_dir=None):
     device = device or pick_device()
     if str(device).startswith("cuda"):
         apply_gpu_cap()
-    config = AutoConfig.from_pretrained(path)
+    config = _model_config(path)
     n = _n_params(config)
     quant, dtype, why = resolve_quant(quant, device, n)
     kwargs = {"dtype": dtype}
@@ -772,15 +790,61 @@ def load_adapter(model, path, adapter_name="default", trainable=False):
     inference_mode=True for a frozen teacher: peft otherwise turns requires_grad on for it).
     Returns the PeftModel (a new wrapper when model was a plain HF model)."""
     from peft import PeftModel
-    if not (Path(path) / "adapter_config.json").is_file():
+    base = _adapter_base(path)
+    try:
+        if isinstance(model, PeftModel):
+            model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=trainable)
+            model.set_adapter(adapter_name, inference_mode=not trainable)
+        else:
+            if trainable and _is_4bit(model):
+                model = _prepare_kbit(model)
+            model = PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=trainable)
+    except RuntimeError as e:            # peft's load_state_dict: "size mismatch for <key>: ..." per weight
+        if "size mismatch" not in str(e):
+            raise
+        first = next(line.strip() for line in str(e).splitlines() if "size mismatch" in line)
+        m = re.search(r"size mismatch for (\S+): .*?torch.Size\((\[.*?\])\).*?torch.Size\((\[.*?\])\)", first)
+        what = f"{m[1]} is {m[2]} in the adapter, {m[3]} in the model" if m else first[:240]
+        raise ValueError(f"adapter {path}: its weights do not fit this base model (trained on {base}?): {what}") from None
+    _check_adapter_keys(model, path, adapter_name, base)
+    return model
+
+
+def _adapter_base(path):
+    """The base model an adapter folder names; a folder that is no peft adapter is an error naming the file."""
+    cfg = Path(path) / "adapter_config.json"
+    if not cfg.is_file():
         raise FileNotFoundError(f"not a peft adapter folder (no adapter_config.json): {path}")
-    if isinstance(model, PeftModel):
-        model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=trainable)
-        model.set_adapter(adapter_name, inference_mode=not trainable)
-        return model
-    if trainable and _is_4bit(model):
-        model = _prepare_kbit(model)
-    return PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=trainable)
+    try:
+        meta = json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg}: " + ("empty" if not cfg.read_text().strip() else
+                                       f"not JSON ({e.msg}, line {e.lineno})") + ": not a peft adapter config") from None
+    if not isinstance(meta, dict) or "peft_type" not in meta:
+        raise ValueError(f"{cfg}: no peft_type: not a peft adapter config")
+    if not any((Path(path) / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise FileNotFoundError(f"adapter {path}: no adapter_model.safetensors (nor .bin) beside its config")
+    return meta.get("base_model_name_or_path") or "another base"
+
+
+def _check_adapter_keys(model, path, adapter_name, base):
+    """peft loads an adapter whose weights only partly match the model's layers with a warning, leaving the rest at
+    their initial values; an adapter of a deeper model or of other module names is refused instead."""
+    from peft import get_peft_model_state_dict
+    from safetensors import safe_open
+    file = Path(path) / "adapter_model.safetensors"
+    if not file.is_file():
+        return
+    with safe_open(str(file), "pt") as f:
+        saved = set(f.keys())
+    wanted = set(get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False))
+    extra, missing = sorted(saved - wanted), sorted(wanted - saved)
+    if extra or missing:
+        what = "; ".join(([f"{len(extra)} of its weights have no place in this base model (e.g. {extra[0]})"]
+                          if extra else [])
+                         + ([f"{len(missing)} of the model's adapter weights are not in it (e.g. {missing[0]})"]
+                            if missing else []))
+        raise ValueError(f"adapter {path}: {what}: trained on {base}?")
 
 
 def save_adapter(model, path, adapter_name="default"):

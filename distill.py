@@ -301,7 +301,17 @@ def parse_args(argv=None):
     p.add_argument("--cursor-start", type=int, default=0,
                    help="first position in the seeded task order: OPD continues on prompts RL has not used "
                         "(the authors' --dataset-step-offset; the pipeline passes RL steps x prompts per step)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    rundir.check_options("distill.py", args, {**onpolicy.SHARED_RANGES, **RANGES})
+    return args
+
+
+# Checked before any work, as rl.py's: `--steps 0` would hand on the untrained student as a finished run
+RANGES = {"steps": rundir.at_least(1), "prompts_per_step": rundir.at_least(1), "group_size": rundir.at_least(1),
+          "rounds": rundir.at_least(1), "teacher_samples": rundir.at_least(1), "max_new_tokens": rundir.at_least(1),
+          "temperature": rundir.above(0), "topk": rundir.at_least(1), "lr": rundir.above(0),
+          "epsilon_low": rundir.within(0, 1), "epsilon_high": rundir.at_least(0), "max_grad_norm": rundir.above(0),
+          "cursor_start": rundir.at_least(0)}
 
 
 def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
@@ -341,6 +351,8 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     print("distill.py config: " + json.dumps(user_config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
+        if not tasks:
+            raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
     val_tasks = onpolicy.load_val_tasks(args)          # None: no validation
     model, tok = build_models(args, student, teachers)
     tasks = onpolicy.filter_long_prompts(tasks, tok, model, args)   # as rl.py: prompts that fit both rounds

@@ -513,6 +513,15 @@ def _add_model_args(p):
     p.add_argument("--sim-workers", type=int, default=None, help="parallel simulations (default: sim's)")
 
 
+# Ranges of the model flags and of eval's and generate's own, checked before any work (rundir.check_options):
+# `--limit 0` would otherwise mean all tasks and `--n 0` an empty success.
+RANGES = {"random_cycles": rundir.at_least(1), "random_reset_period": rundir.at_least(0),
+          "temperature": rundir.at_least(0), "top_p": (lambda v: 0 < v <= 1, "within (0, 1]"),
+          "max_new_tokens": rundir.at_least(1), "batch_size": rundir.at_least(1), "sim_workers": rundir.at_least(1),
+          "n": rundir.at_least(1), "rounds": rundir.at_least(0), "limit": rundir.at_least(1),
+          "target": rundir.within(0, 100)}
+
+
 # ---------------------------------------------------------------------------------------------------
 # eval
 
@@ -534,9 +543,15 @@ def add_eval_args(p):
 
 
 def cmd_eval(args):
+    rundir.check_options("evaluate.py eval", args, RANGES)
     dist.init()                 # several processes: before the model lands on this rank's GPU
     rundir.lock_run(args.out)   # one writer per folder: a second eval into it is refused (one line)
-    tasks = select_tasks(sim.load_tasks(args.tasks), ids=args.ids, limit=args.limit, split=args.split)
+    every = sim.load_tasks(args.tasks)
+    if not every:               # an empty file is bad input, not metrics of nothing and a done.json
+        raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
+    tasks = select_tasks(every, ids=args.ids, limit=args.limit, split=args.split)
+    if not tasks:
+        raise ValueError(f"--tasks {args.tasks}: none of its {len(every)} tasks is in split {args.split!r}")
     if args.model == "random" and args.answer_mode != "stimulus":
         print("eval: the random baseline is a stimulus for the kit's harness: answer mode stimulus")
         args.answer_mode = "stimulus"
@@ -998,6 +1013,7 @@ def add_generate_args(p):
 
 
 def cmd_generate(args):
+    rundir.check_options("evaluate.py generate", args, RANGES)
     task = make_task(args.rtl, args.top, args.inst, args.spec, args.target)
     policy = _load_policy(args, [task])
     rep = generate_testbench(policy, task, n=args.n, rounds=args.rounds, out_dir=args.out,

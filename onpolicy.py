@@ -631,6 +631,15 @@ def add_runtime_args(p, save_every):
     v.add_argument("--min-steps", type=int, default=0, help="--stop-on-plateau ends no run before this step")
 
 
+# The ranges of the flags above (rundir.check_options), checked by rl.py and distill.py before any work
+SHARED_RANGES = {"target_mode": rundir.one_of("icarus", "cvdp"), "gen_chunk": rundir.at_least(1),
+                 "gen_batch_size": rundir.at_least(1), "sim_workers": rundir.at_least(1),
+                 "sim_timeout": rundir.above(0), "max_prompt_tokens": rundir.at_least(-1),
+                 "save_every": rundir.at_least(1), "keep_last": rundir.at_least(0), "plot_every": rundir.at_least(0),
+                 "val_every": rundir.at_least(1), "val_n": rundir.at_least(1), "val_patience": rundir.at_least(1),
+                 "min_steps": rundir.at_least(0)}
+
+
 # -----------------------------------------------------------------------------
 # Validation during training (rl.py, distill.py): rows {"step", "val": 1, "val/...": ...} in log.jsonl
 

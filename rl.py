@@ -56,10 +56,10 @@ import common
 import dist
 import rundir
 import sim
-from onpolicy import (add_rollout_args, add_runtime_args, between_steps, build_policy, check_best, collect_groups,
-                      derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer, make_scorer,
-                      micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics, use_adapter,
-                      val_summary)
+from onpolicy import (SHARED_RANGES, add_rollout_args, add_runtime_args, between_steps, build_policy, check_best,
+                      collect_groups, derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer,
+                      make_scorer, micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics,
+                      use_adapter, val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -321,7 +321,18 @@ def parse_args(argv=None):
         args.max_extra_prompts = 2 * args.prompts_per_step
     if args.refill is None:
         args.refill = "ahead" if args.gen_chunk >= args.prompts_per_step + args.max_extra_prompts else "sequential"
+    rundir.check_options("rl.py", args, {**SHARED_RANGES, **RANGES})
     return args
+
+
+# Checked before any work: `--steps 0` would save the untrained adapter as a finished run (done.json), and a group
+# of one sample has no baseline (every advantage is 0)
+RANGES = {"steps": rundir.at_least(1), "prompts_per_step": rundir.at_least(1), "group_size": rundir.at_least(2),
+          "rounds": rundir.at_least(1), "max_new_tokens": rundir.at_least(1), "temperature": rundir.above(0),
+          "lr": rundir.above(0), "epsilon_low": rundir.within(0, 1), "epsilon_high": rundir.at_least(0),
+          "max_grad_norm": rundir.above(0), "steps_per_generation": rundir.at_least(1),
+          "max_extra_prompts": rundir.at_least(0), "overlong_buffer": rundir.at_least(0), "kl_beta": rundir.at_least(0),
+          "lora_r": rundir.at_least(1), "lora_alpha": rundir.above(0)}
 
 
 def run(args, *, source=None, score_fn=None, tasks=None):
@@ -336,6 +347,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
     print("rl.py config: " + json.dumps(user_config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
+        if not tasks:
+            raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
     val_tasks = load_val_tasks(args)                  # None: no validation
     model, tok, ref_adapter = build_policy(args)
     tasks = filter_long_prompts(tasks, tok, model, args)

@@ -473,6 +473,32 @@ def finish_run(out, script, model, result):
 
 BAD_INPUT = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
+# An option's range as (test, what it must be), for check_options and chorus_mini.py's profile checks.
+# NaN fails every test, so `--lr nan` is refused like `--lr -1`.
+def at_least(n):
+    return (lambda v: v >= n, f"at least {n}")
+
+
+def above(n):
+    return (lambda v: v > n, f"above {n}")
+
+
+def within(lo, hi):
+    return (lambda v: lo <= v <= hi, f"within {lo}..{hi}")
+
+
+def one_of(*choices):
+    return (lambda v: v in choices, "one of " + ", ".join(map(str, choices)))
+
+
+def check_options(prog, args, ranges):
+    """Refuse, in one line and before any work, the first option outside its range. ranges: argparse dest ->
+    (test, what), e.g. {"steps": at_least(1)}; an option left at None (its default is derived later) passes."""
+    for dest, (ok, what) in ranges.items():
+        v = getattr(args, dest, None)
+        if v is not None and not ok(v):
+            raise SystemExit(f"{prog}: --{dest.replace('_', '-')} must be {what}, got {v!r}")
+
 
 def cli(prog, main, argv=None):
     """Run a script's main(argv) and return its exit code; bad input (a malformed or missing file: the

@@ -484,6 +484,15 @@ def _load_model_and_adapter(name, adapter, quant):
     return model, tok
 
 
+# Checked before any work; rounds 0 would build an empty stage 1 (and 2)
+RANGES = {"synthetic": rundir.at_least(1), "threshold": rundir.within(0, 1), "n": rundir.at_least(1),
+          "rounds": rundir.at_least(1), "fail_fraction": rundir.within(0, 1), "workers": rundir.at_least(1),
+          "teacher_max_new_tokens": rundir.at_least(1), "stage2_n": rundir.at_least(1),
+          "stage2_max_new_tokens": rundir.at_least(1), "stage2_temperature": rundir.at_least(0),
+          "stage2_top_p": (lambda v: 0 < v <= 1, "within (0, 1]"), "stage2_rounds": rundir.at_least(1),
+          "stage2_batch_size": rundir.at_least(1)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -525,6 +534,7 @@ def main(argv=None):
     s2.add_argument("--stages01-from", metavar="DIR", help="take stages 0-1 from this earlier build of the same "
                     "--tasks and settings (its stage0/1.jsonl and build_info.json) instead of rebuilding them")
     args = ap.parse_args(argv)
+    rundir.check_options("build_sft.py", args, RANGES)
     print(f"build_sft.py: answer mode {args.answer_mode}")
     if bool(args.tasks) == bool(args.synthetic):
         ap.error("give exactly one of --tasks FILE or --synthetic N")
@@ -539,6 +549,8 @@ def main(argv=None):
     t_start = time.time()
     if args.tasks:
         tasks = sim.load_tasks(args.tasks)
+        if not tasks:           # no rows and a build_info.json would pass for a finished build
+            raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
     else:
         tasks = generate_tasks(args.synthetic, args.seed, "train")
     extra = {}
