@@ -67,8 +67,10 @@ from pathlib import Path
 
 import common
 import evaluate
+import harness
 import rundir
 import sim
+from data import teacher
 
 ROOT = Path(__file__).resolve().parent
 
@@ -107,7 +109,8 @@ PROFILES = {
         "train_families": "decoder,shift_reg,parity,gray_counter,edge_detector",  # the shortest prompts (~850 tokens); '' = all
         "val_tasks": 2,            # synthetic designs from the held-out families (choose the OPD student)
         "val_families": "barrel_shifter,crc",  # the shortest held-out ones; '' = all held-out families
-        "eval_tasks": "../shared/data/dev_tasks.jsonl",  # relative to the repo; missing -> the val tasks
+        "eval_tasks": "../shared/data/dev_tasks.jsonl",  # relative to the repo; missing -> the val tasks (a file
+                                   # --set names must exist; '' = the val tasks)
         "real_corpus": "../shared/data/corpus",  # folder of real-design *.jsonl.gz (data/design_pool.py); missing or
                                    # '' -> synthetic designs only (a fresh clone has no ../shared)
         "real_tasks": 2,           # real pool designs mixed into the training tasks (SFT rows, RL / OPD prompts); 0 = none
@@ -322,6 +325,33 @@ OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail"
 NULLABLE_KEYS = {"sft_val_every": int, "tune_limit": int, "gpu_mem_gib": float, "gpu_share": str}
 
 
+# The range of a value, checked when --set gives it (every profile's own values pass: tests/test_cli_bad_input.py),
+# so `answer_mode=bogus` or `gpus=0` is one line before any stage, not a failure a stage later. Keys not named
+# take any value of their type; eval_models and eval_baselines are checked by cmd_run and baselines().
+COUNT, COUNT0 = rundir.at_least(1), rundir.at_least(0)
+VALUE_CHECKS = {
+    "quant": rundir.one_of("auto", "none", "bf16", "fp32", "4bit"), "lora_r": COUNT, "gpus": COUNT,
+    "sim_workers": COUNT, "target_mode": rundir.one_of("icarus", "cvdp"),
+    "answer_mode": rundir.one_of(*harness.ANSWER_MODES), "gen_batch_size": COUNT,
+    "max_tokens_per_micro": (lambda v: v == "auto" or (type(v) is int and v >= 0), "'auto' or a token count >= 0"),
+    "train_tasks": COUNT, "val_tasks": COUNT, "real_tasks": COUNT0, "real_val_tasks": COUNT0,
+    "real_max_tokens": COUNT, "eval_limit": COUNT, "eval_max_chars": COUNT,
+    "teacher_level": rundir.one_of(*teacher.LEVELS),
+    "sft_tries": COUNT, "sft_rounds": COUNT, "stage2_n": COUNT, "sft_limit": COUNT, "sft_epochs": COUNT,
+    "sft_lr": rundir.above(0), "sft_batch_size": COUNT, "sft_grad_accum": COUNT, "sft_max_len": COUNT,
+    "max_new_tokens": COUNT, "rl_profile": rundir.one_of("paper", "small"),        # rl.PROFILES
+    "rl_steps": COUNT, "rl_prompts": COUNT, "rl_group": rundir.at_least(2), "rl_rounds": COUNT,
+    "rl_lr": rundir.above(0), "gen_chunk": COUNT, "rl_max_extra_prompts": COUNT0,
+    "train_sim_timeout": rundir.above(0), "save_every": COUNT, "merge_space": rundir.one_of("adapter", "delta"),
+    "merge_rank": COUNT, "merge_density": (lambda v: 0 < v <= 1, "within (0, 1]"), "tune_n": COUNT,
+    "opd_steps": COUNT, "opd_prompts": COUNT, "opd_group": COUNT, "opd_teacher_samples": COUNT,
+    "train_val_n": COUNT, "sft_val_every": COUNT, "sft_pick": rundir.one_of("last", "best"), "rl_val_every": COUNT,
+    "rl_val_patience": COUNT, "rl_min_steps": COUNT0, "tune_source": rundir.one_of("val", "dev"), "tune_limit": COUNT,
+    "val_n": COUNT, "val_rounds": COUNT0, "eval_n": COUNT, "eval_rounds": COUNT0, "test_tasks": COUNT0,
+    "test_n": COUNT, "test_rounds": COUNT0,
+}
+
+
 def key_types(key):
     """The types a key takes across the profiles; None in any profile makes it nullable."""
     return {type(p[key]) for p in PROFILES.values() if key in p} | ({NULLABLE_KEYS[key]} if key in NULLABLE_KEYS else set())
@@ -352,6 +382,9 @@ def apply_overrides(config, items):
         if type(value) not in types:
             want = " or ".join(sorted(t.__name__ for t in types))
             raise SystemExit(f"chorus_mini.py: --set {key}={text}: expected {want}, got {type(value).__name__}")
+        ok, what = VALUE_CHECKS.get(key, (lambda v: True, ""))
+        if value is not None and not ok(value):
+            raise SystemExit(f"chorus_mini.py: --set {key}={text}: must be {what}")
         config[key] = value
     return config
 
@@ -828,6 +861,9 @@ def compare_cmd(o, names, out, sub="eval"):
 
 def cmd_run(args):
     c = apply_overrides(PROFILES[args.profile], args.set)
+    for key, kind, is_there in (("eval_tasks", "file", Path.is_file), ("real_corpus", "folder", Path.is_dir)):
+        if c[key] and c[key] != PROFILES[args.profile][key] and not is_there(ROOT / c[key]):
+            raise SystemExit(f"chorus_mini.py: --set {key}={c[key]}: no such {kind} {ROOT / c[key]} ('' for none)")
     if c["gpu_mem_gib"] is not None:    # each stage's process keeps to this budget (common.apply_gpu_cap)
         if not c["gpu_mem_gib"] > 0:
             raise SystemExit(f"chorus_mini.py: gpu_mem_gib={c['gpu_mem_gib']!r}: expected a size in GiB above 0")
@@ -851,6 +887,7 @@ def cmd_run(args):
         print(f"  {k:22s} {v!r}" + ("   (--set)" if v != PROFILES[args.profile][k] else ""))
     if not eval_source(c):
         print(f"note: {c['eval_tasks']} is absent (a fresh clone has no ../shared): the eval tasks are the "
+              "synthetic validation tasks" if c["eval_tasks"] else "note: eval_tasks '': the eval tasks are the "
               "synthetic validation tasks")
     if args.from_stage:     # with --only, only those stages are redone (--from rl0 --only rl0: just rl0)
         for name in STAGES[STAGES.index(args.from_stage):]:

@@ -227,7 +227,7 @@ def test_eval_of_some_models_needs_only_their_stages(tmp_path, monkeypatch):
 # -----------------------------------------------------------------------------
 # the whole pipeline on the tiny model
 
-TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=no/such.jsonl",
+TINY = ["--profile", "smoke", "--set", "model=tiny", "--set", "train_tasks=4", "--set", "eval_tasks=",
         "--set", "sim_workers=2", "--set", "max_new_tokens=24", "--set", "test_tasks=2", "--set", "real_tasks=0"]
 
 
