@@ -50,6 +50,7 @@ def test_small2_is_the_published_runs_settings():
     recorded = json.loads((ROOT / "results" / "small2" / "report" / "report.json").read_text())["config"]
     profile = chorus_mini.PROFILES["small2"]
     local = {"model", "eval_tasks"}     # the staged GGUF's path (the embedded model) and a copy of the dev set
+    local |= {"eval_baselines"}         # newer than the run: baselines evaluated beside the models, no model changes
     assert recorded["eval_tasks"] == "runs/dev_tasks.jsonl"     # where data/dev_set.py writes by default
     differ = {k for k in recorded.keys() | profile.keys() if recorded.get(k) != profile.get(k)}
     assert differ <= local | {k for k in profile if profile[k] is None and k not in recorded}, differ

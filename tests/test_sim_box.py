@@ -221,9 +221,9 @@ def test_a_timeout_without_cpu_behind_it_is_starved(tmp_path, monkeypatch):
 
 
 def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
-    """simulate_many(retry_starved=True) and onpolicy.score_answers(retry_starved=True), the data builds' scoring:
+    """simulate_many(retry_starved=True) and score.score_answers(retry_starved=True), the data builds' scoring:
     each starved timeout is simulated once more and its second result kept; nothing else runs twice."""
-    import onpolicy
+    import score
     calls = []
 
     def fake(job, cfg=None):
@@ -242,8 +242,8 @@ def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
     got = sim.simulate_many(jobs, workers=1, retry_starved=True)
     assert [r.status for r in got] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
     calls.clear()
-    monkeypatch.setattr(onpolicy, "prepare_answer", lambda t, text, tm, am: (t, {"id": t["id"]}, None))
-    out = onpolicy.score_answers([({"id": i}, "") for i in ("ok", "starved", "loop")], workers=1, retry_starved=True)
+    monkeypatch.setattr(score, "prepare_answer", lambda t, text, tm, am: (t, {"id": t["id"]}, None))
+    out = score.score_answers([({"id": i}, "") for i in ("ok", "starved", "loop")], workers=1, retry_starved=True)
     assert [r["status"] for r in out] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
 
 
