@@ -23,8 +23,8 @@ Budget (2 cores, <= 20 minutes with `make install`'s checks): the GPU protocol (
 1280 tokens) is cut to 8 tasks, n 1, direct answers (round 0, compared with the GPU run's round 0) and 640
 tokens. Two evaluations run side by side on one torch thread each: on a shared 2-core box a 2-thread matmul
 stalls whenever another process takes one of its cores. They generate with the fast decoder run eagerly, in bf16
-(the GPU run's dtype; this CPU has AVX512-BF16), ~1.75x faster than HF generate in fp32 here
-(results/bench_cpu_generate.json; --hf-generate --quant fp32 goes back to it).
+(the GPU run's dtype; this CPU has AVX512-BF16): ~1.75x faster than HF generate in fp32 on the demo's prompts
+(results/demo.md; bench/bench_cpu_generate.py for tok/s by batch; --hf-generate --quant fp32 goes back to HF).
 """
 import argparse
 import json
