@@ -20,7 +20,7 @@ whose done.json exists is skipped, so the same command continues after a crash. 
 and the ones after it.
 
 Budget (2 cores, <= 20 minutes with `make install`'s checks): the GPU protocol (40 tasks, n 5, 1 + 3 rounds,
-1280 tokens) is cut to 8 tasks, n 1, direct answers (round 0, compared with the GPU run's round 0) and 640
+1280 tokens) is cut to 8 tasks, n 1, direct answers (round 0, compared with the GPU run's round 0) and 512
 tokens. Two evaluations run side by side on one torch thread each: on a shared 2-core box a 2-thread matmul
 stalls whenever another process takes one of its cores. They generate with the fast decoder run eagerly, in bf16
 (the GPU run's dtype; this CPU has AVX512-BF16): ~1.75x faster than HF generate in fp32 on the demo's prompts
@@ -220,7 +220,7 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=1, help="samples per task (GPU run: 5)")
     ap.add_argument("--rounds", type=int, default=0, help="refinement rounds after the first (GPU run: 3; 0 = "
                     "direct answers, compared with the GPU run's round 0)")
-    ap.add_argument("--max-new-tokens", type=int, default=640, help="answer cap (GPU run: 1280; the experts' "
+    ap.add_argument("--max-new-tokens", type=int, default=512, help="answer cap (GPU run: 1280; the experts' "
                     "stimulus answers on these tasks run 200-500 tokens)")
     ap.add_argument("--seed", type=int, default=42, help="sampling and bootstrap seed (GPU run: 42)")
     # the machine
