@@ -8,8 +8,8 @@
 What it answers: which path `make demo` (demo.py) should generate with on a 2-core CPU. Every row
 generates exactly --new-tokens per sequence (stop rules off, so both paths do the same work), with a rank-16
 LoRA adapter (nonzero B) active, as when an expert is evaluated, from either --prompt short: bench_generate.py's
-281-token prompt (the issue's reference figures for HF generate, fp32, 2 cores: 25 / 68 / 109 tok/s at batch
-1 / 8 / 32), or --prompt demo: a stimulus-mode prompt of data/demo_tasks.jsonl (820 tokens and more). The fast path is timed twice: the first
+prompt (565 tokens with the current system prompt), or --prompt demo: a stimulus-mode prompt of
+data/demo_tasks.jsonl (820 tokens and more). Times include the prefill. The fast path is timed twice: the first
 call packs the weights (LoRA folded in), the second is steady state. The load average is recorded before
 and after: the 2 cores of the development box are shared, and a busy box slows every row (a thread of a
 2-thread matmul that loses its core stalls the other one at each barrier).
