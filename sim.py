@@ -272,10 +272,12 @@ def _task_shape_error(task):
     return _files_error(task["rtl_files"], "rtl_files") or _targets_error(task.get("targets"))
 
 
-def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None):
+def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None, all_uncovered=False):
     """A picklable job for simulate(): the task's RTL, top/instance names, the testbench and its targets.
     inst_path: the scored instance's full path (stimulus mode: f"tb_{top}.{inst}"); default: the instance
-    named dut_instance_name directly under the testbench's top module.
+    named dut_instance_name directly under the testbench's top module. A task's `exclusions` (data/skill.py:
+    {"rule", "items": [{"key", ...}]}) become the job's `exclude` keys: those items count nowhere.
+    all_uncovered: keep every uncovered item in the result (default: the first MAX_UNCOVERED).
 
     target_mode "cvdp": the task's CVDP targets (metrics not starting with icarus_); "icarus": the kit's
     Icarus-calibrated targets (metric prefixed icarus_) when the task has them, else the CVDP ones."""
@@ -290,7 +292,10 @@ def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None):
             "top": task["dut_module_name"], "inst": task["dut_instance_name"], "tb": tb_source,
             "targets": [{"inst_name": t["inst_name"], "metric": t["metric"],
                          "target_percentage": float(t["target_percentage"])} for t in chosen],
-            **({"inst_path": inst_path} if inst_path else {})}
+            **({"inst_path": inst_path} if inst_path else {}),
+            **({"exclude": [x["key"] for x in task["exclusions"]["items"]]}
+               if (task.get("exclusions") or {}).get("items") else {}),
+            **({"all_uncovered": True} if all_uncovered else {})}
 
 
 def _check_job(job):
@@ -307,6 +312,9 @@ def _check_job(job):
         raise ValueError(f"job {job.get('id', '?')!r}: {why}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", job["inst"]):
         raise ValueError(f"job {job.get('id', '?')!r}: instance name {job['inst']!r} is not a simple identifier")
+    ex = job.get("exclude")
+    if ex is not None and (not isinstance(ex, (list, tuple, set, frozenset)) or not all(isinstance(k, str) for k in ex)):
+        raise ValueError(f"job {job.get('id', '?')!r}: exclude must be a list of item keys (strings)")
     if job.get("inst_path") is not None and (not isinstance(job["inst_path"], str)
                                              or not job["inst_path"].endswith("." + job["inst"])):
         raise ValueError(f"job {job.get('id', '?')!r}: inst_path {job['inst_path']!r} must be a dotted path "
@@ -419,8 +427,45 @@ def _pct(cov, tot):
     return round(100.0 * cov / tot, 4) if tot else None
 
 
-def _tally(prepared, recs, paths, uncovered=None, rel=None):
-    """Covered/total per metric over the records whose path is in paths (and uncovered items)."""
+def item_key(metric, inst, sid=None, probe=None, signal=None, bit=None):
+    """The stable name of one coverage item, relative to the scored instance (inst: `dut.u_sub`): probe
+    items `METRIC:INST:SCOPE:PROBE`, toggle bits `toggle:INST:SIGNAL:BIT`. The same RTL gives the same keys
+    whatever the testbench, so a task can list items to exclude (job["exclude"]; data/skill.py)."""
+    return f"toggle:{inst}:{signal}:{bit}" if metric == "toggle" else f"{metric}:{inst}:{sid}:{probe}"
+
+
+def overall_from_counts(counts, profile="imc", dropped=None):
+    """overall_pct from per-metric [covered, total] counts, less `dropped` {metric: items} from the totals
+    (items excluded after the run: they were uncovered in it, so its covered counts stand)."""
+    pcts = []
+    for m in PROFILES[profile]:
+        c, t = counts.get(m, (0, 0))
+        t -= (dropped or {}).get(m, 0)
+        if t > 0:
+            pcts.append(100.0 * c / t)
+    return round(sum(pcts) / len(pcts), 4) if pcts else None
+
+
+def uncovered_keys(result):
+    """{item key: {metric, instance, file, line, detail}} of every uncovered item a result lists (a toggle
+    entry expands to one key per bit). Complete only for a job run with all_uncovered."""
+    out = {}
+    for u in (result.uncovered if isinstance(result, SimResult) else result.get("uncovered")) or []:
+        if "key" not in u:
+            continue
+        base = {"metric": u["metric"], "instance": u["instance"], "file": u.get("file", ""), "line": u.get("line", 0)}
+        if u["metric"] == "toggle":
+            for b in u.get("bits") or []:
+                out[f"{u['key']}:{b}"] = {**base, "detail": f"{u['signal']}[{b}] toggle"}
+        else:
+            out[u["key"]] = {**base, "detail": u.get("detail", "")}
+    return out
+
+
+def _tally(prepared, recs, paths, uncovered=None, rel=None, excluded=frozenset(), dropped=None):
+    """Covered/total per metric over the records whose path is in paths (and uncovered items). Items whose
+    key is in `excluded` count nowhere (dropped[metric] counts them); an uncovered item carries its "key"
+    (a toggle entry its key prefix; its bits complete it)."""
     counts = {m: [0, 0] for m in METRICS}
     for (sid, path) in sorted(recs, key=lambda k: k[1]):
         if path not in paths or sid >= len(prepared.scopes):
@@ -431,12 +476,17 @@ def _tally(prepared, recs, paths, uncovered=None, rel=None):
         bits = "" if bits == "-" else bits
         hit = [i < len(bits) and bits[i] == "1" for i in range(len(sc.probes))]
         for it in sc.items:
+            key = item_key(it.metric, inst, sid, it.probe)
+            if key in excluded:
+                if dropped is not None:
+                    dropped[it.metric] = dropped.get(it.metric, 0) + 1
+                continue
             counts[it.metric][1] += 1
             if hit[it.probe]:
                 counts[it.metric][0] += 1
             elif uncovered is not None:
                 u = {"metric": it.metric, "instance": inst, "file": it.file, "line": it.line, "kind": it.kind,
-                     "detail": it.detail}
+                     "detail": it.detail, "key": key}
                 u.update(it.extra)
                 uncovered.append(u)
         tog = rec.get("T", "-")
@@ -447,9 +497,13 @@ def _tally(prepared, recs, paths, uncovered=None, rel=None):
                 continue
             rise, fall = vecs[2 * j], vecs[2 * j + 1]
             n = len(rise)
-            counts["toggle"][1] += n
             missing = {}
             for i in range(n):
+                if excluded and item_key("toggle", inst, signal=name, bit=n - 1 - i) in excluded:
+                    if dropped is not None:
+                        dropped["toggle"] = dropped.get("toggle", 0) + 1
+                    continue
+                counts["toggle"][1] += 1
                 r, f = rise[i] == "1", fall[i] == "1"
                 if r and f:
                     counts["toggle"][0] += 1
@@ -460,7 +514,8 @@ def _tally(prepared, recs, paths, uncovered=None, rel=None):
                 for miss, bl in missing.items():
                     uncovered.append({"metric": "toggle", "instance": inst, "file": sc.file, "line": s["line"],
                                       "kind": "toggle", "detail": _toggle_detail(name, sorted(bl), n, miss),
-                                      "signal": name, "bits": sorted(bl), "missing": miss, "width": n})
+                                      "signal": name, "bits": sorted(bl), "missing": miss, "width": n,
+                                      "key": f"toggle:{inst}:{name}"})
     return counts
 
 
@@ -510,9 +565,14 @@ def score_run(res, prepared, recs, job, cfg):
 
     def rel(p):
         return p[len(prefix):]
-    uncovered = []
-    counts = _tally(prepared, recs, paths, uncovered, rel)
+    uncovered, excluded, dropped = [], frozenset(job.get("exclude") or ()), {}
+    counts = _tally(prepared, recs, paths, uncovered, rel, excluded, dropped)
     res.metrics = {m: {"covered": c, "total": t, "pct": _pct(c, t)} for m, (c, t) in counts.items()}
+    if excluded:    # the task's exclusion list (unreachable items): said in the result, never silent
+        for m in METRICS:
+            res.metrics[m]["excluded"] = dropped.get(m, 0)
+        res.notes.append(f"{sum(dropped.values())} coverage items excluded by the task's exclusion list "
+                         f"({len(excluded)} listed)")
     use = PROFILES[cfg.profile]
     pcts = [res.metrics[m]["pct"] for m in use if res.metrics[m]["total"]]
     res.overall_pct = round(sum(pcts) / len(pcts), 4) if pcts else None
@@ -523,15 +583,16 @@ def score_run(res, prepared, recs, job, cfg):
     inst_paths = sorted({p for (sid, p) in recs if sid in mod_sids and p in paths}, key=lambda p: (p.count("."), p))
     for p in inst_paths[:200]:
         sub = {q for q in paths if q == p or q.startswith(p + ".")}
-        c = counts if p == root else _tally(prepared, recs, sub)
+        c = counts if p == root else _tally(prepared, recs, sub, rel=rel, excluded=excluded)
         ent = {m: {"covered": cv, "total": t} for m, (cv, t) in c.items()}
         pp = [_pct(*c[m]) for m in use if c[m][1]]
         ent["overall_pct"] = round(sum(pp) / len(pp), 4) if pp else None
         res.per_instance[rel(p)] = ent
     uncovered.sort(key=lambda u: (UNCOVERED_ORDER[u["metric"]], u["instance"].count("."), u["line"]))
-    if len(uncovered) > MAX_UNCOVERED:
+    if len(uncovered) > MAX_UNCOVERED and not job.get("all_uncovered"):
         res.notes.append(f"{len(uncovered)} uncovered items; kept the first {MAX_UNCOVERED}")
-    res.uncovered = uncovered[:MAX_UNCOVERED]
+        uncovered = uncovered[:MAX_UNCOVERED]
+    res.uncovered = uncovered
     return True
 
 

@@ -23,7 +23,9 @@ with and without periodic resets) and seeds, giving
   random_cycles  the fewest cycles of a budget that reaches random_pass and random_cov
   random_cov_max the best single run (any budget, any seed): what a lucky seed reaches
 plus every budget's numbers. Floors are cached per task in a JSON file keyed by task id + RTL hash (and
-recomputed when the grid, seeds, target mode or targets change).
+recomputed when the grid, seeds, target mode or targets change). A record also keeps each run's per-metric
+counts (`runs`) and the items no run covered (`never_hit`, sim.item_key names): data/skill.py excludes the
+items no stimulus at all covers and rescores every run without them.
 
     python data/floor.py TASKS.jsonl --out floor.json [--budgets 100 1000 1000:100 5000 5000:1000 20000:1000]
                          [--seeds 1] [--target-mode cvdp] [--workers 2] [--limit N]
@@ -51,7 +53,7 @@ RESET_CYCLES = 3                       # reset_dut(): 2 cycles asserted + 1 rele
 BUDGETS = ((100, None), (1000, None), (1000, 100), (5000, None), (5000, 1000), (20_000, 1000))
 NOT_STIMULUS = ("The random baseline writes stimulus for the kit's harness only; this task is answered in "
                 "testbench mode, so it has no answer.")
-VERSION = 1
+VERSION = 2    # 2: records keep each run's per-metric counts and the items no run covered (never_hit)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
     out, todo = {}, []
     for t in tasks:
         key, sig = task_key(t), _signature(t, budgets, seeds, target_mode)
-        if key in cache and cache[key].get("signature") == sig:
+        if key in cache and cache[key].get("signature") == sig and ("runs" in cache[key] or "error" in cache[key]):
             out[key] = cache[key]
             continue
         base = {"id": t["id"], "rtl_sha": rtl_sha(t), "signature": sig}
@@ -181,15 +183,20 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
             futures = []
             for c, p, s in runs:
                 tb, _ = harness.assemble(h, random_stimulus(c, p, sample_seed(s, key, 0)))
-                futures.append(pool.submit(sim.job_from_task(t, tb, target_mode)))
-            rows = []
+                futures.append(pool.submit(sim.job_from_task(t, tb, target_mode, all_uncovered=True)))
+            rows, never = [], None
             for (c, p, s), f in zip(runs, futures):
                 r = f.result()
                 ok = r.status == sim.OK and r.overall_pct is not None
                 rows.append({"cycles": c, "reset_period": p, "seed": s, "status": r.status,
-                             "cov": float(r.overall_pct) if ok else 0.0, "passed": bool(r.passed) and ok})
+                             "cov": float(r.overall_pct) if ok else 0.0, "passed": bool(r.passed) and ok,
+                             **({"counts": {m: [v["covered"], v["total"]] for m, v in r.metrics.items()}} if ok else {})})
+                if ok:      # the items no run covers: data/skill.py's exclusion candidates
+                    keys = sim.uncovered_keys(r)
+                    never = keys if never is None else {k: v for k, v in never.items() if k in keys}
                 bar.update(1)
-            out[key] = {**base, **summarize(rows)}
+            out[key] = {**base, **summarize(rows), "runs": rows,
+                        "never_hit": None if never is None else [{"key": k, **v} for k, v in sorted(never.items())]}
             bar.set_postfix_str(f"{t['id'][:30]} cov {out[key]['random_cov']:.1f}", refresh=False)
             if on_task:
                 on_task(key, out[key])
@@ -199,7 +206,7 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
 def load_floor(path):
     """The records of a floor file: {task_key: record}."""
     data = json.loads(Path(path).read_text())
-    if data.get("version") != VERSION:
+    if data.get("version") not in (1, VERSION):    # version 1 records lack runs/never_hit: read, recomputed on reuse
         raise SystemExit(f"{path}: floor file version {data.get('version')!r}, expected {VERSION}")
     return data["tasks"]
 

@@ -731,13 +731,15 @@ def icarus_target(reached_pct, cvdp_target=90.0):
     return float(min(cvdp_target, math.floor(reached_pct)))
 
 
-def calibrate(tasks, workers=None, cfg=None, progress=True):
+def calibrate(tasks, workers=None, cfg=None, progress=True, runs=None):
     """Tasks with an `icarus_overall_average` target from the long template + one refinement.
 
     Each returned task is a copy with `targets` (old entries kept, the Icarus one replaced) and
     `icarus_calibration` = {reached_pct, strong_pct, long_pct, refined_pct, rule}.
+    runs: a dict to receive {task id: [(name, result dict), ...]} of the three runs, each with every
+    uncovered item (data/skill.py's exclusion rule reads them).
     """
-    jobs, keep = [], []
+    jobs, keep, whole = [], [], runs is not None
     for t in tasks:
         try:
             answers = [template_answer(t, "strong", 0), template_answer(t, "long", 0)]
@@ -746,7 +748,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
             answers = None
         keep.append(answers)
         for a in answers or []:
-            jobs.append(sim.job_from_task(t, answer_code(a)))
+            jobs.append(sim.job_from_task(t, answer_code(a), all_uncovered=whole))
     results = sim.simulate_many(jobs, workers=workers, cfg=cfg, retry_starved=True)
     it = iter(results)
     per_task = [[_as_dict(next(it)) for _ in a] if a else [] for a in keep]
@@ -754,7 +756,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
     for i, (t, answers, res) in enumerate(zip(tasks, keep, per_task)):
         if answers and res[1].get("status") == "ok" and (res[1].get("overall_pct") or 0) < 100:
             ans = refine(t, answers[1], res[1])
-            ref_jobs.append(sim.job_from_task(t, answer_code(ans)))
+            ref_jobs.append(sim.job_from_task(t, answer_code(ans), all_uncovered=whole))
             ref_idx.append(i)
     ref_res = dict(zip(ref_idx, (_as_dict(r) for r in sim.simulate_many(ref_jobs, workers=workers, cfg=cfg,
                                                                          retry_starved=True))))
@@ -765,6 +767,9 @@ def calibrate(tasks, workers=None, cfg=None, progress=True):
             pcts[name] = r.get("overall_pct") if r.get("status") == "ok" else None
         if i in ref_res and ref_res[i].get("status") == "ok":
             pcts["refined_pct"] = ref_res[i].get("overall_pct")
+        if whole:
+            runs[t["id"]] = list(zip(("teacher strong", "teacher long"), per_task[i])) + (
+                [("teacher long + refinement", ref_res[i])] if i in ref_res else [])
         got = [v for v in pcts.values() if v is not None]
         reached = max(got) if got else None
         cvdp = [x["target_percentage"] for x in t.get("targets", []) if not x["metric"].startswith("icarus_")]

@@ -24,11 +24,11 @@ def test_build_on_fixtures(tmp_path):
     lock = {**make_task("t_lock", "lock3", LOCK), "known_stimulus": floor.random_stimulus(1000, 100, 0) + LOCK_OPEN}
     tasks = [{**make_task("t_mux", "mux2", MUX), "_source": "dev"}, {**lock, "_source": "dev"},
              {**make_task("t_arr", "arr", ARRAY), "_source": "dev"}, skill_designs.make_task("term_counter", 0)]
-    kept, report = skill.build_skill_split(tasks, workers=2, budgets=BUDGETS, seeds=2)
+    kept, train, report = skill.build_skill_split(tasks, workers=2, budgets=BUDGETS, seeds=2)
     assert report["reasons"] == {"t_mux": "random_passes", "t_lock": "kept", "t_arr": "cannot_harness",
                                  "skill_term_counter_0": "kept"}
     assert report["funnel"]["dev"] == {"tasks": 3, "random_passes": 1, "kept": 1, "cannot_harness": 1}
-    assert report["tasks"] == 2 and report["real"] == 1 and report["synthetic"] == 1
+    assert report["tasks"] == 2 and report["real"] == 1 and report["synthetic"] == 1 and train == []
     row = {r["id"]: r for r in kept}["t_lock"]
     s = row["skill"]
     assert s["source"] == "dev" and s["reached_by"] == "known stimulus" and "_source" not in row
