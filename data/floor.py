@@ -16,8 +16,8 @@ the loop, seeded per (task prompt, sample); it ignores feedback, so a refinement
 back (evaluate.py therefore runs it direct and reports agentic = direct). A task the kit cannot harness
 is answered in testbench mode, where the baseline has no answer: it gets a text without code (no_code).
 
-The random floor of a task: the loop simulated over a grid of budgets (BUDGETS: 100 to 20,000 cycles,
-with and without periodic resets) and seeds, giving
+The random floor of a task: the loop simulated over a grid of budgets (BUDGETS: 100 to 99,000 cycles,
+with and without periodic resets; the last is the whole cycle budget every stimulus has) and seeds, giving
   random_pass    the best budget's share of seeds that pass the task's targets (0..1)
   random_cov     the best budget's mean overall coverage (percent; a failed run counts 0)
   random_cycles  the fewest cycles of a budget that reaches random_pass and random_cov
@@ -48,9 +48,14 @@ import sim  # noqa: E402
 
 CYCLES, RESET_PERIOD = 20_000, 1_000   # the default baseline: 20 resets x 1,000 random cycles
 RESET_CYCLES = 3                       # reset_dut(): 2 cycles asserted + 1 released
-# (cycles, reset period; None = one reset at the start): the 100 .. 5,000 cycles with and without a
-# reset, and the default baseline's 20,000
-BUDGETS = ((100, None), (1000, None), (1000, 100), (5000, None), (5000, 1000), (20_000, 1000))
+# The one cycle budget every stimulus has, models and baselines alike: the scorer's end-of-time rule
+# (sim.SIM_TIME_LIMIT_DEFAULT), which the stimulus prompt states as harness.MAX_CYCLES main-clock cycles.
+# The floor's grid ends at the largest loop inside it, so a model cannot beat the floor by running
+# longer than random was allowed to.
+BUDGET_LOOP = (99_000, 1000)    # 99 resets x 1,000 cycles: 99,300 cycles with the resets, <= MAX_CYCLES
+# (cycles, reset period; None = one reset at the start): 100 .. 5,000 cycles with and without a reset, the
+# default baseline's 20,000, and the budget's
+BUDGETS = ((100, None), (1000, None), (1000, 100), (5000, None), (5000, 1000), (20_000, 1000), BUDGET_LOOP)
 NOT_STIMULUS = ("The random baseline writes stimulus for the kit's harness only; this task is answered in "
                 "testbench mode, so it has no answer.")
 VERSION = 2    # 2: records keep each run's per-metric counts and the items no run covered (never_hit)
