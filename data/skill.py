@@ -28,7 +28,7 @@ Sources: real task files (../shared/data/dev_tasks.jsonl; a training pool's pool
 `pool` marks it) and the synthetic skill families (data/skill_designs.py). Qualifying pool designs are split
 by group (SPLIT_RULE): HELDOUT of the groups evaluate (skill_tasks.jsonl), the rest train
 (skill_train.jsonl); a data stage that trains on the pool decontaminates against skill_tasks.jsonl, which
-drops the held-out designs (same RTL). With --screen, pool tasks first get one random run of the top budget
+drops the held-out designs (same RTL). With --screen, pool tasks first get one random run (SCREEN_BUDGET)
 against their stored teacher calibration, and only those where random stays SCREEN_GAP below it get the
 full grid.
 
@@ -53,6 +53,9 @@ from data import floor, skill_designs, teacher  # noqa: E402
 
 MIN_GAP = 5.0       # points random must stay below the reachable coverage (the issue's rule)
 SEEDS = 3           # random seeds per budget of the floor
+# The screen runs 20,000 cycles: random at the full budget covers at least as much, so a task the screen drops
+# the grid would drop too, at a fifth of the cycles.
+SCREEN_BUDGET = (20_000, 1000)
 SCREEN_GAP = 1.0    # points: a screened task whose one random run comes this close to the teacher's stops
 HELDOUT = 0.7       # share of qualifying pool groups held out for evaluation; the rest train (RL prompts)
 EXCLUSION_RULE = ("an item is excluded from a task when no run of any stimulus known for it covers it: the random "
@@ -141,14 +144,13 @@ def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGE
     `skill.source` or the caller's `_source` names where it came from). Qualifying designs of a training
     pool (`_source` "pool") are split by group (split_group) into the eval split (share `heldout`) and a
     training share; every other qualifying task is an eval task. report: the counts through every filter.
-    screen: None, or a floor cache dict: first one random run of the top budget per task that has a stored
+    screen: None, or a floor cache dict: first one random run (SCREEN_BUDGET) per task that has a stored
     teacher calibration (a pool's); a task whose run comes within SCREEN_GAP of the stored best goes no
     further (random_passes_screen), which spares the full grid on most of a large pool."""
     t0 = time.time()
     reasons, screened = {}, []
-    if screen is not None:      # one random run of the top budget against the stored teacher calibration
-        top = max(budgets, key=lambda b: b[0])
-        got = floor.calibrate_floor([t for t in tasks if _stored_reach(t) is not None], [top], 1, workers=workers,
+    if screen is not None:      # one random run against the stored teacher calibration
+        got = floor.calibrate_floor([t for t in tasks if _stored_reach(t) is not None], [SCREEN_BUDGET], 1, workers=workers,
                                     cache=screen, on_task=on_screen, progress=True)
         for t in tasks:
             g = got.get(floor.task_key(t))

@@ -55,3 +55,18 @@ def test_cli_writes_the_split_and_a_reusable_floor(tmp_path, monkeypatch):
     assert len(floor.load_floor(tmp_path / "out" / "floor.json")) == 2
     monkeypatch.setattr(floor.sim, "SimPool", None)             # a second run: every floor from the cache
     assert skill.main(argv) == 0
+
+
+@pytest.mark.needs_iverilog
+def test_pool_tasks_are_screened_then_split_into_eval_and_training():
+    mux = {**make_task("p_mux", "mux2", MUX), "_source": "pool", "icarus_calibration": {"reached_pct": 100.0},
+           "provenance": {"repo": "o/a", "path": "m.v"}}
+    lock = {**make_task("p_lock", "lock3", LOCK), "_source": "pool", "icarus_calibration": {"reached_pct": 100.0},
+            "known_stimulus": floor.random_stimulus(1000, 100, 0) + LOCK_OPEN, "provenance": {"repo": "o/b", "path": "l.v"}}
+    screen = {}
+    kept, train, report = skill.build_skill_split([mux, lock], workers=2, budgets=BUDGETS, seeds=1, screen=screen,
+                                                  heldout=0.0, use_teacher=False)
+    assert report["reasons"] == {"p_mux": "random_passes_screen", "p_lock": "kept_for_training"}
+    assert kept == [] and [r["id"] for r in train] == ["p_lock"] and report["training_tasks"] == 1
+    kept, train, _ = skill.build_skill_split([lock], workers=2, budgets=BUDGETS, seeds=1, heldout=1.0, use_teacher=False)
+    assert [r["id"] for r in kept] == ["p_lock"] and train == [] and kept[0]["skill"]["source"] == "pool"
