@@ -11,8 +11,10 @@ Sections:
   1. what both generation paths share: the Completion record, the stop rule (EOS or the closing code
      fence), left padding
   2. weights: packing the current weights (LoRA adapters folded in) into the buffers the graphs read
-  3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling
-  4. the KV-cache slot (row buckets, shared prefill, compaction), graph capture, the generation loop
+  3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling; the
+     shared-prefix two-part attention (torch form and Triton kernels)
+  4. the KV-cache slot (row buckets, shared prefill, compaction, the shared-prefix layout), graph capture,
+     the generation loop
 """
 import dataclasses
 import hashlib
@@ -393,13 +395,18 @@ def _sample(logits, temperature, top_p, noise):
 def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     """One token for every row, all state in slot buffers (graph-capturable: fixed shapes, no host
     sync): reads tok [B] at cache column col [1] / rotary position pos [B], writes K/V at col, attends
-    to columns < Lb that are real and <= col, samples into tok, advances col and pos."""
+    to columns < Lb that are real and <= col, samples into tok, advances col and pos. On a shared-prefix
+    view (section 4) k/v are the rows' suffixes, col their column, and Lb = (prefix width, suffix width)."""
     W, m = st["W"], st["meta"]
     B = slot["tok"].shape[0]
     cos, sin = slot["cos"][slot["pos"]][:, None], slot["sin"][slot["pos"]][:, None]   # [B, 1, d]
-    valid = slot["key_ok"][:, :Lb] & (slot["ar"][:Lb] <= slot["col"])               # [B, Lb]
-    bias = torch.zeros(B, 1, 1, Lb, dtype=m["dtype"] if slot["gqa"] else torch.float32,
-                       device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
+    shared = "pk" in slot
+    if shared:
+        Pb, Lb = Lb
+    else:
+        valid = slot["key_ok"][:, :Lb] & (slot["ar"][:Lb] <= slot["col"])           # [B, Lb]
+        bias = torch.zeros(B, 1, 1, Lb, dtype=m["dtype"] if slot["gqa"] else torch.float32,
+                           device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
     g = m["hq"] // m["hkv"]
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
     for li, L in enumerate(W["layers"]):
@@ -407,7 +414,10 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
         slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
         slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
         kc, vc = slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb]
-        if slot["gqa"]:   # one fused kernel per layer (on an H200 it reads the cache near memory bandwidth)
+        if shared:        # the group's prompt once, the row's own tokens, merged by their lse
+            att = slot["two_part"](q, slot["pk"][li, :, :, :Pb], slot["pv"][li, :, :, :Pb], slot["plen"],
+                                   slot["rowof"], slot["midx"], kc, vc, slot["col"], m["scale"])  # [B, hq, d]
+        elif slot["gqa"]:   # one fused kernel per layer (on an H200 it reads the cache near memory bandwidth)
             att = _gqa_attention(q[:, :, None], kc, vc, bias, m["scale"])                   # [B, hq, 1, d]
         else:             # two batched matmuls, fp32 softmax; K/V read in place, never repeated
             qg = q.view(B, m["hkv"], g, m["d"]) * m["scale"]                             # [B, hkv, g, d]
@@ -455,6 +465,217 @@ def _gqa_works(slot, m, B):
             return False
 
 
+# Shared-prefix attention (SHARED_PREFIX, section 4). RL samples G answers per prompt; in today's layout
+# every row reads its own copy of the prompt's K/V, and decode is bound by those reads. In the shared-prefix
+# layout a group's prompt K/V is stored once (prefix buffers [U groups, hkv, Pb, d], left-aligned, plen [U]
+# columns real) and each row's new tokens in a suffix of its own ([B, hkv, Sb, d], columns 0..col real).
+# Attention over [prefix | suffix] runs in two parts merged by their log-sum-exp (FlashInfer's cascade):
+# part A reads each group's prefix once for all its rows (the G rows x g query heads that share a KV head
+# are one block of query rows), part B reads each row's suffix; out = (e^(lseA-M) oA + e^(lseB-M) oB) /
+# (e^(lseA-M) + e^(lseB-M)), M = max(lseA, lseB), all in fp32. Groups are described by index buffers, so
+# rows may leave (compaction) without touching the prefix: rowof [U, GM] = the slot row of member j of group
+# u (a place whose row has left points at row 0: computed, never read), midx [B] = u GM + j of each row.
+# The torch form runs anywhere (two matmuls per part, as the portable decode form); on CUDA two Triton
+# kernels do the same where a probe passes (_two_part_kernel_works). A single fused cuDNN call over one
+# cache row per group with a per-row bias was measured slower than today's layout (section 4's note).
+
+def _attend_lse(q, k, v, ok, scale):
+    """Softmax attention with its log-sum-exp: q [.., n, d], k/v [.., L, d], ok broadcastable to [.., n, L]
+    (True = attend). -> (out [.., n, d] fp32, lse [.., n] fp32); a query row with no column gets out 0 and
+    lse -inf (so the merge weighs it 0). Scores and softmax in fp32, matmuls in q's dtype (as _decode_step's
+    portable form)."""
+    s = torch.matmul(q * scale, k.transpose(-1, -2)).float().masked_fill(~ok, float("-inf"))
+    mx = s.amax(-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))        # no column: avoid -inf - -inf
+    p = (s - mx).exp()
+    l = p.sum(-1, keepdim=True)
+    o = torch.matmul(p.to(v.dtype), v).float() / l.clamp(min=1e-30)
+    return o, (mx + l.log()).squeeze(-1)
+
+
+def _two_part_attention_torch(q, pk, pv, plen, rowof, midx, sk, sv, col, scale):
+    """Decode attention over [group prefix | row suffix], the torch form. q [B, hq, d] (one token per row);
+    pk/pv [U, hkv, Pb, d] with plen [U] real columns each; rowof [U, GM], midx [B] (the section's note);
+    sk/sv [B, hkv, Sb, d] with columns 0..col real (col [1]; -1: no suffix). -> [B, hq, d] in q's dtype.
+    Fixed shapes, no host sync: CUDA-graph capturable."""
+    B, hq, d = q.shape
+    U, hkv, Pb, _ = pk.shape
+    GM, g = rowof.shape[1], hq // hkv
+    qa = q[rowof.view(-1)].view(U, GM, hkv, g, d).transpose(1, 2).reshape(U, hkv, GM * g, d)
+    okA = (torch.arange(Pb, device=q.device) < plen[:, None])[:, None, None]           # [U, 1, 1, Pb]
+    oA, lseA = _attend_lse(qa, pk, pv, okA, scale)                                      # part A: per group
+    oA = oA.view(U, hkv, GM, g, d).transpose(1, 2).reshape(U * GM, hq, d)[midx]         # -> [B, hq, d]
+    lseA = lseA.view(U, hkv, GM, g).transpose(1, 2).reshape(U * GM, hq)[midx]
+    okB = torch.arange(sk.shape[2], device=q.device) <= col                             # [Sb]
+    oB, lseB = _attend_lse(q.view(B, hkv, g, d), sk, sv, okB, scale)                   # part B: per row
+    oB, lseB = oB.view(B, hq, d), lseB.view(B, hq)
+    mx = torch.maximum(lseA, lseB)
+    wA, wB = (lseA - mx).exp()[..., None], (lseB - mx).exp()[..., None]
+    return ((wA * oA + wB * oB) / (wA + wB)).to(q.dtype)
+
+
+try:       # the CUDA kernels of the two-part attention; without Triton (CPU machines) the torch form runs
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+PREFIX_CHUNK = 256    # prefix columns per program of the Triton prefix kernel (split-K; more programs on short P)
+
+if triton is not None:
+    @triton.jit
+    def _prefix_part_kernel(Q, K, V, PLEN, ROWOF, PO, PLSE, scale, sq_b, sq_h, sk_u, sk_h, sk_n,
+                            sv_u, sv_h, sv_n, GM, NS, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                            CHUNK: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr):
+        """Part A, one program per (prefix chunk s, group u, KV head h): the group's GM x G query rows of
+        head h against columns [s CHUNK, min((s+1) CHUNK, plen[u])) of its prefix, read once. Writes the
+        chunk's normalized out PO [U, hkv, NS, BM, D] and lse PLSE [U, hkv, NS, BM] (-inf: no column)."""
+        s, u, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+        hkv = tl.num_programs(2)
+        i = tl.arange(0, BM)                    # query row i: member i // G, query head h G + i % G
+        row_ok = i < GM * G
+        row = tl.load(ROWOF + u * GM + i // G, mask=row_ok, other=0)
+        d = tl.arange(0, D)
+        q = tl.load(Q + row[:, None] * sq_b + (h * G + i % G)[:, None] * sq_h + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        hi = tl.minimum(s * CHUNK + CHUNK, tl.load(PLEN + u))
+        m = tl.full([BM], -1e30, tl.float32)
+        l = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        kb, vb = K + u * sk_u + h * sk_h, V + u * sv_u + h * sv_h
+        for n0 in range(s * CHUNK, hi, BN):
+            n = n0 + tl.arange(0, BN)
+            ok = n < hi
+            k = tl.load(kb + n[:, None] * sk_n + d[None, :], mask=ok[:, None], other=0.0)
+            if IEEE:
+                sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                sc = tl.dot(q, tl.trans(k)) * scale
+            sc = tl.where(ok[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(vb + n[:, None] * sv_n + d[None, :], mask=ok[:, None], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        lse = tl.where(l > 0, m + tl.log(tl.maximum(l, 1e-30)), float("-inf"))
+        at = ((u * hkv + h) * NS + s) * BM + i
+        tl.store(PO + at[:, None] * D + d[None, :], out)
+        tl.store(PLSE + at, lse)
+
+    @triton.jit
+    def _suffix_merge_kernel(Q, K, V, COL, MIDX, PO, PLSE, OUT, scale, sq_b, sq_h, sk_b, sk_h, sk_n,
+                             sv_b, sv_h, sv_n, so_b, so_h, GM, NS, G: tl.constexpr, D: tl.constexpr,
+                             BQ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr):
+        """Part B and the merge, one program per (row b, KV head h): the row's G query heads of h against
+        its suffix columns 0..col, then merged with its member's NS prefix chunks (PO, PLSE) by their lse.
+        Writes OUT [B, hq, D] in OUT's dtype."""
+        b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+        hkv = tl.num_programs(1)
+        i = tl.arange(0, BQ)                    # query head h G + i
+        ok_i = i < G
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * sq_b + (h * G + i)[:, None] * sq_h + d[None, :], mask=ok_i[:, None], other=0.0)
+        hi = tl.load(COL) + 1
+        m = tl.full([BQ], -1e30, tl.float32)
+        l = tl.zeros([BQ], tl.float32)
+        acc = tl.zeros([BQ, D], tl.float32)
+        kb, vb = K + b * sk_b + h * sk_h, V + b * sv_b + h * sv_h
+        for n0 in range(0, hi, BN):
+            n = n0 + tl.arange(0, BN)
+            ok = n < hi
+            k = tl.load(kb + n[:, None] * sk_n + d[None, :], mask=ok[:, None], other=0.0)
+            if IEEE:
+                sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                sc = tl.dot(q, tl.trans(k)) * scale
+            sc = tl.where(ok[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(vb + n[:, None] * sv_n + d[None, :], mask=ok[:, None], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        mi = tl.load(MIDX + b)
+        u, j = mi // GM, mi % GM
+        for s in range(0, NS):                  # the prefix chunks: each an (out, lse) pair to merge
+            at = ((u * hkv + h) * NS + s) * BM + j * G + i
+            lse = tl.load(PLSE + at, mask=ok_i, other=float("-inf"))
+            o = tl.load(PO + at[:, None] * D + d[None, :], mask=ok_i[:, None], other=0.0)
+            m_new = tl.maximum(m, lse)
+            alpha = tl.exp(m - m_new)
+            w = tl.exp(lse - m_new)
+            acc = acc * alpha[:, None] + w[:, None] * o
+            l = l * alpha + w
+            m = m_new
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        tl.store(OUT + b * so_b + (h * G + i)[:, None] * so_h + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=ok_i[:, None])
+
+
+def _two_part_attention_triton(q, pk, pv, plen, rowof, midx, sk, sv, col, scale):
+    """_two_part_attention_torch's contract on CUDA in two Triton kernels: the prefix part split over
+    PREFIX_CHUNK-column chunks (each group's prefix read once), then per row its suffix and the merge of
+    all parts. Inputs' last dimension must be contiguous; plen, rowof, midx, col int64."""
+    B, hq, d = q.shape
+    U, hkv, Pb, _ = pk.shape
+    GM, g = rowof.shape[1], hq // hkv
+    BM, NS, BN = max(16, triton.next_power_of_2(GM * g)), triton.cdiv(Pb, PREFIX_CHUNK), 64
+    po = torch.empty(U, hkv, NS, BM, d, dtype=torch.float32, device=q.device)
+    plse = torch.empty(U, hkv, NS, BM, dtype=torch.float32, device=q.device)
+    ieee = q.dtype == torch.float32
+    _prefix_part_kernel[(NS, U, hkv)](q, pk, pv, plen, rowof, po, plse, scale, q.stride(0), q.stride(1),
+                                      pk.stride(0), pk.stride(1), pk.stride(2), pv.stride(0), pv.stride(1),
+                                      pv.stride(2), GM, NS, G=g, D=d, BM=BM, CHUNK=PREFIX_CHUNK, BN=BN, IEEE=ieee)
+    out = torch.empty(B, hq, d, dtype=q.dtype, device=q.device)
+    _suffix_merge_kernel[(B, hkv)](q, sk, sv, col, midx, po, plse, out, scale, q.stride(0), q.stride(1),
+                                   sk.stride(0), sk.stride(1), sk.stride(2), sv.stride(0), sv.stride(1),
+                                   sv.stride(2), out.stride(0), out.stride(1), GM, NS, G=g, D=d,
+                                   BQ=max(16, triton.next_power_of_2(g)), BM=BM, BN=BN, IEEE=ieee)
+    return out
+
+
+_TWO_PART_OK = {}     # (device, dtype, hq, hkv, d) -> whether the Triton kernels run and agree with torch
+
+
+def _two_part_kernel_works(device, dtype, hq, hkv, d):
+    """Whether _two_part_attention_triton runs here and matches the torch form on a small random case
+    (two groups, one prefix longer than a chunk, one short; a suffix over several tiles). Cached."""
+    key = (str(device), dtype, hq, hkv, d)
+    if key not in _TWO_PART_OK:
+        ok = False
+        if triton is not None and torch.device(device).type == "cuda" and d >= 16 and d & (d - 1) == 0:
+            try:
+                gen = torch.Generator(device=device).manual_seed(0)
+                r = lambda *s: torch.randn(*s, generator=gen, device=device).to(dtype)   # noqa: E731
+                U, B, S = 2, 6, 150                     # two groups of three rows (one row twice)
+                q, pk, pv = r(B, hq, d), r(U, hkv, PREFIX_CHUNK + 44, d), r(U, hkv, PREFIX_CHUNK + 44, d)
+                sk, sv = r(B, hkv, S, d), r(B, hkv, S, d)
+                t = lambda x: torch.tensor(x, device=device)                               # noqa: E731
+                args = (q, pk, pv, t([PREFIX_CHUNK + 44, 17]), t([[0, 1, 2], [3, 4, 0]]), t([0, 1, 2, 3, 4, 0]),
+                        sk, sv, t([130]), d ** -0.5)
+                got, want = _two_part_attention_triton(*args), _two_part_attention_torch(*args)
+                tol = 1e-4 if dtype == torch.float32 else 3e-2
+                ok = bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
+                if not ok:
+                    err = (got.float() - want.float()).abs().max().item()
+                    print(f"[fastgen] Triton two-part attention differs from the torch form by {err:.3g}; "
+                          "the torch form runs", file=sys.stderr)
+            except Exception as e:     # no kernel for this GPU or build: the torch form runs
+                print(f"[fastgen] Triton two-part attention unavailable ({str(e)[:120]})", file=sys.stderr)
+        _TWO_PART_OK[key] = ok
+    return _TWO_PART_OK[key]
+
+
 # ----------------------------------------------------------------------------------------------
 # 4. KV-cache slots, CUDA graphs, the generation loop
 #
@@ -482,14 +703,30 @@ def _gqa_works(slot, m, B):
 # on the batch size, so there a greedy or sampled row may part from the uncompacted run at a near-tie, as
 # the arithmetic note says.
 #
-# Not here: a shared-prefix layout (one cache row per group of G identical prompts, the group's new tokens
-# interleaved after the prompt, its rows as G query positions with a per-row bias) was built and measured
-# slower on one H200: 6.40 ms per decode step against 3.59 ms for this layout at batch 64 = 16 groups x 4,
-# 4675-token prompts; the cuDNN kernel with the per-row bias took 4.36 ms of it (results/rl_throughput.md,
-# results/rl_throughput/s9/profile_decode_prefix.json). It was removed.
+# Shared prefix (SHARED_PREFIX). A batch with groups of identical prompts (RL's G answers per prompt) can
+# keep each group's prompt K/V once and each row's new tokens apart (section 3's two-part attention): the
+# slot's K/V memory is carved, per layer, into prefix buffers [U groups, hkv, Pp, d] and suffix buffers
+# [R rows, hkv, S, d] (S = max_new_tokens, Pp = R (L - S) / U >= the longest prompt, so the carve always
+# fits the slot, keeps its memory rule and depends only on the slot, U, the largest group and S: its graphs
+# are reused across calls). Each distinct prompt is prefilled once into its group's prefix, left-aligned
+# (columns 0..plen-1, rotary positions 0..plen-1 as today), so no padding mask is read; a row's k-th new
+# token sits at suffix column k-1 with rotary position plen + k - 1, as today. Compaction moves the
+# running rows' suffixes and their row -> group map (rowof, midx); the prefix stays. Noise is keyed by the
+# row's place in the call as in the default layout, so tokens are the default layout's (tests, fp32).
+# Graphs are keyed by (rows, prefix width, suffix width, sampling args, the carve). An earlier shared-prefix
+# layout (one cache row per group, new tokens interleaved, the group's rows as G query positions of one
+# cuDNN call with a per-row bias) ran 6.40 ms per decode step against 3.59 ms for the default layout at batch
+# 64 = 16 groups x 4, 4675-token prompts on one H200; the masked cuDNN kernel took 4.36 ms of it
+# (results/rl_throughput.md). The two-part form reads each prefix once without a mask instead.
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
+# Off until a GPU benchmark (bench/decode_two_part.py, bench/bench_generate.py --shared-prefix) shows
+# the layout faster end to end; then the default follows that measurement.
+SHARED_PREFIX = False
+# Rows per group at most: a group's rows x query heads per KV head are one block of query rows in the prefix
+# kernel (registers), so a prompt repeated more often is stored once per GROUP_MAX rows (and prefilled each time).
+GROUP_MAX = 8
 # Seconds spent so far, summed over calls (the RL/OPD step breakdown reads the difference around a call):
 # pack = folding the current weights into the packed copy, prefill, capture = CUDA-graph captures,
 # decode = the decode loop without its captures. On CUDA each boundary synchronises (a few per call).
@@ -562,7 +799,7 @@ def _new_slot(st, R, L, device):
     # Each slot has its own graph memory pool: its graphs are captured one after another and dropped
     # together. (One pool shared across slots broke a later capture once an evicted slot's graphs were
     # freed: CUDACachingAllocator "use_count > 0" assert, seen on an H200 with torch 2.11.)
-    slot = {"R": R, "L": L, "graphs": {}, "views": {},
+    slot = {"R": R, "L": L, "graphs": {}, "views": {}, "carves": {},
             "pool": torch.cuda.graph_pool_handle() if device.type == "cuda" else None,
             "k": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
             "v": torch.zeros(nl, R, m["hkv"], L, m["d"], dtype=dt, device=device),
@@ -726,6 +963,111 @@ def _prefill_shared(st, slot, batch, ids, pad, device):
     return logits
 
 
+def _groups(batch):
+    """(rep, first, member): each row's group (rows with identical prompts share one, numbered by first
+    appearance; a prompt with more than GROUP_MAX rows gets a group per GROUP_MAX of them), each group's
+    first row, and each row's place among its group's rows."""
+    index, seen, rep, first, member = {}, {}, [], [], []
+    for b, prompt in enumerate(batch):
+        key = tuple(prompt)
+        n = seen[key] = seen.get(key, -1) + 1
+        u = index.setdefault((key, n // GROUP_MAX), len(first))
+        if u == len(first):
+            first.append(b)
+        rep.append(u)
+        member.append(n % GROUP_MAX)
+    return rep, first, member
+
+
+def _carve(st, slot, U, GM, S):
+    """The slot's K/V memory as a shared-prefix layout (section 4's note) for U groups of at most GM rows
+    and S suffix columns: per layer, prefix pk/pv [U, hkv, Pp, d] then suffix sk/sv [R, hkv, S, d], views
+    of the same memory; with the index buffers plen [U], rowof [U, GM], midx [R]. Cached in the slot."""
+    c = slot["carves"].get((U, GM, S))
+    if c is None:
+        nl, R, hkv, L, d = slot["k"].shape
+        Pp = R * (L - S) // U
+        a, z = U * hkv * Pp * d, U * hkv * Pp * d + R * hkv * S * d
+
+        def part(buf, lo, hi, shape):
+            return buf.view(nl, R * hkv * L * d)[:, lo:hi].view(nl, *shape)
+        dev = slot["k"].device
+        c = {"U": U, "GM": GM, "S": S, "Pp": Pp, "views": {},
+             "pk": part(slot["k"], 0, a, (U, hkv, Pp, d)), "pv": part(slot["v"], 0, a, (U, hkv, Pp, d)),
+             "sk": part(slot["k"], a, z, (R, hkv, S, d)), "sv": part(slot["v"], a, z, (R, hkv, S, d)),
+             "plen": torch.ones(U, dtype=torch.long, device=dev),
+             "rowof": torch.zeros(U, GM, dtype=torch.long, device=dev),
+             "midx": torch.zeros(R, dtype=torch.long, device=dev)}
+        slot["carves"][(U, GM, S)] = c
+    return c
+
+
+def _carve_view(st, slot, c, b):
+    """The carve's first b rows as a slot view for _decode_step (the suffixes as its k/v). Cached."""
+    v = c["views"].get(b)
+    if v is None:
+        m = st["meta"]
+        v = {key: slot[key] for key in ("pool", "cos", "sin", "col")}
+        v.update({key: slot[key][:b] for key in ("tok", "pos", "noise")})
+        v.update({key: c[key] for key in ("pk", "pv", "plen", "rowof")})
+        v.update(k=c["sk"][:, :b], v=c["sv"][:, :b], midx=c["midx"][:b], L=c["S"])
+        fast = _two_part_kernel_works(slot["k"].device, m["dtype"], m["hq"], m["hkv"], m["d"])
+        v["two_part"] = _two_part_attention_triton if fast else _two_part_attention_torch
+        c["views"][b] = v
+    return v
+
+
+def _set_members(c, live, rep, member):
+    """rowof and midx for slot rows running the batch rows `live` (rep, member: _groups). Places whose row
+    has left, and rows past len(live), point at row 0 / member 0: computed, never read."""
+    rowof, midx = [[0] * c["GM"] for _ in range(c["U"])], [0] * c["midx"].shape[0]
+    for r, b in enumerate(live):
+        rowof[rep[b]][member[b]] = r
+        midx[r] = rep[b] * c["GM"] + member[b]
+    c["rowof"].copy_(torch.tensor(rowof))
+    c["midx"].copy_(torch.tensor(midx))
+
+
+def _prefill_prefix(st, slot, ids, pad, rep, first, member, S):
+    """Shared-prefix prefill: each group's prompt (its first row of the left-padded ids [B, P]) runs once
+    into the group's prefix, then moves left by its padding (columns 0..plen-1). Returns (the
+    last-position logits [B, V], each row its group's; the carve)."""
+    B, P = ids.shape
+    U, dev = len(first), ids.device
+    c = _carve(st, slot, U, max(member) + 1, S)
+    assert c["Pp"] >= P, (c["Pp"], P)            # L >= P + S and R >= U make it so (section 4's note)
+    uniq = torch.tensor(first, device=dev)
+    slot["pos0"][:U].copy_(-pad[uniq])
+    slot["key_ok"][:U].copy_(slot["ar"][None] >= pad[uniq, None])
+    into = {**slot, "k": c["pk"], "v": c["pv"]}     # _prefill writes the prompts' K/V into the prefixes
+    rows = 32768 // P + 1
+    logits = torch.cat([_prefill(st, into, ids[uniq[b0:b0 + rows]], b0, min(U, b0 + rows))
+                        for b0 in range(0, U, rows)])
+    slot["gqa_prefill"] = into["gqa_prefill"]
+    for u, p in enumerate(pad[uniq].tolist()):
+        if p:
+            for buf in (c["pk"], c["pv"]):
+                buf[:, u, :, :P - p] = buf[:, u, :, p:P].clone()
+    c["plen"].copy_(P - pad[uniq])
+    _set_members(c, range(B), rep, member)
+    return logits[torch.tensor(rep, device=dev)], c
+
+
+def _compact_prefix(st, slot, c, keep, C, live, rep, member):
+    """_compact for the shared-prefix layout: the rows `keep` (ascending) move to the first rows with their
+    suffix columns 0..C-1 and row state; the group map follows them (live: their batch rows); the prefixes
+    stay. Returns the view of the row bucket they fit in."""
+    dev = slot["k"].device
+    keep_t, n = torch.tensor(keep, device=dev), len(keep)
+    for li in range(c["sk"].shape[0]):    # one layer at a time: the temporary is one layer's rows
+        c["sk"][li, :n, :, :C] = c["sk"][li, keep_t, :, :C]
+        c["sv"][li, :n, :, :C] = c["sv"][li, keep_t, :, :C]
+    for key in ("tok", "pos"):
+        slot[key][:n] = slot[key][keep_t]
+    _set_members(c, live, rep, member)
+    return _carve_view(st, slot, c, _row_bucket(n))
+
+
 def _compact(st, slot, keep, C, m, pads):
     """Move the slot's rows `keep` (ascending) to its first rows: their row state, and their K/V columns
     m..C-1 to 0..C-m-1 (C: columns written; m: left padding all of them have, so attention stops reading
@@ -752,10 +1094,16 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
     sampling = temperature > 0
     n_max = max_new_tokens if caps is None else max(caps)
     check = not ignore_stop or caps is not None
+    rep, first, member = _groups(batch) if SHARED_PREFIX else (None, range(B), None)
+    carve = None                           # the shared-prefix layout (section 4): where the batch repeats a prompt
     t_start = _clock(device)
     capture_s = 0.0
     with torch.no_grad():
-        logits = _prefill_shared(st, slot, batch, ids, pad, device)
+        if len(first) < B:
+            logits, carve = _prefill_prefix(st, slot, ids, pad, rep, first, member, max_new_tokens)
+            Pb = min(carve["Pp"], BUCKET * math.ceil(P / BUCKET))            # prefix columns attention reads
+        else:
+            logits = _prefill_shared(st, slot, batch, ids, pad, device)
         t_prefilled = _clock(device)
         STATS["prefill_s"] += t_prefilled - t_start
         if record is not None:
@@ -767,21 +1115,23 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
         slot["key_ok"][B:R] = True                              # filler rows: finite, positions in range
         slot["pos"][B:R] = 0
         slot["tok"][:B].copy_(tokens[:, 0])
-        slot["col"].fill_(P)
+        slot["col"].fill_(0 if carve else P)
         slot["pos"][:B].copy_(P - pad)
-        view = _view(st, slot, R)
+        view = _carve_view(st, slot, carve, R) if carve else _view(st, slot, R)
         live, live_t = list(range(B)), torch.arange(B, device=device)   # original row of each slot row
         moved = False                         # rows have moved (compaction)
         stops, checked = [None] * B, 0
         host = [[] for _ in range(B)]
         n = 1
         while n < n_max:
-            c = P - shift + n - 1                                               # column written this step
-            Lb = min(slot["L"], BUCKET * math.ceil((c + 1) / BUCKET))
+            c = (0 if carve else P - shift) + n - 1                             # column written this step
+            Lb = min(view["L"], BUCKET * math.ceil((c + 1) / BUCKET))
+            if carve:
+                Lb = (Pb, Lb)
             if sampling:
                 _draw_noise(slot["noise"][:len(live)], gen, seed, n, plan)
             rows = view["tok"].shape[0]
-            gkey = (rows, Lb, temperature, top_p)
+            gkey = (rows, Lb, temperature, top_p) + ((carve["U"], carve["GM"], carve["S"]) if carve else ())
             if use_graphs and gkey not in slot["graphs"]:
                 t_cap = time.perf_counter()
                 try:
@@ -819,9 +1169,12 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
                     break
                 if COMPACT and _row_bucket(len(running)) < rows:   # finished rows leave the batch
                     live = [live[j] for j in running]
-                    m = min(pads[b] for b in live) - shift
-                    view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])
-                    shift += m
+                    if carve:
+                        view = _compact_prefix(st, slot, carve, running, n - 1, live, rep, member)
+                    else:
+                        m = min(pads[b] for b in live) - shift
+                        view = _compact(st, slot, running, P - shift + n - 1, m, [pads[b] - shift - m for b in live])
+                        shift += m
                     live_t = torch.tensor(live, device=device)
                     moved = True
                     if sampling:

@@ -7,6 +7,9 @@ Run (GPU):  python bench/bench_generate.py                      # SmolLM2-135M, 
    RL round (GPU): python bench/bench_generate.py --rl-round    # --plain: shared prefill, compaction off
             (CPU): python bench/bench_generate.py --tiny --rl-round --rl-prompts 4 --rl-cap 48 --rl-min 1400 \
                   --rl-max 1800 --rl-extra 128 --rl-calls 2
+   Shared-prefix layout (fastgen.SHARED_PREFIX) vs the default, batch 256 = 64 prompts x G 4 of 1.7-6.9k tokens:
+            python bench/bench_generate.py --rl-round --rl-prompts 64 --rl-group 4 --rl-batch 256 --rl-min 1700 \
+                  --rl-max 6900 --rl-extra 0 --rl-cap 1280 [--shared-prefix] --out results/bench_generate_rl_sp.json
 
 Every row generates exactly --new-tokens per sequence (stop rules off, so both paths do the same work)
 from the kit's real prompt shape (system prompt + a small RTL task), with a LoRA adapter (nonzero B)
@@ -23,7 +26,8 @@ prompt + answer within SmolLM2's 8192 positions). Both calls
 are timed --rl-calls times (the first includes packing and graph capture); tokens/s counts the tokens
 each row keeps. --plain turns off shared prefill and compaction (the decoder as it was, but with its
 slot reuse); --fresh-slot drops the decoder's state before every call (re-pack, re-capture: what a new
-batch size or a longer prompt cost before the slot reuse). pack_s is one weight re-pack (done per call).
+batch size or a longer prompt cost before the slot reuse). pack_s is one weight re-pack (done per call). --shared-prefix turns fastgen.SHARED_PREFIX on (each group's prompt
+K/V stored once, two-part attention); it applies to both modes (the plain batches repeat one prompt B times).
 """
 import argparse
 import json
@@ -113,6 +117,7 @@ def rl_prompts(tok, n, lo, hi, extra=0, seed=0):
 
 
 def rl_round(args, model, tok, device):
+    fastgen.SHARED_PREFIX = args.shared_prefix
     if args.plain:
         fastgen.SHARE_PREFILL = fastgen.COMPACT = False
     G, cap = args.rl_group, args.rl_cap
@@ -134,10 +139,11 @@ def rl_round(args, model, tok, device):
                    "prompt_tokens": f"{min(map(len, distinct))}..{max(map(len, distinct))}"}, flush=True)
     _, pack_s = timed(lambda: fastgen._fast_state(model), device)
     st = fastgen._hf_causal_lm(model).__dict__.get("_chorus_fast") or {}
-    slots = {str(R): {"L": s["L"], "graphs": len(s["graphs"])} for R, s in st.get("slots", {}).items()}
+    slots = {str(R): {"L": s["L"], "graphs": len(s["graphs"]), "carves": [list(k) for k in s.get("carves", {})]}
+             for R, s in st.get("slots", {}).items()}
     steady = [c for c in calls if c["call"] > 0] or calls
     print(f"\nRL round: {args.rl_prompts} prompts x G {G}, cap {cap}, plain={args.plain}, "
-          f"fresh_slot={args.fresh_slot}")
+          f"fresh_slot={args.fresh_slot}, shared_prefix={args.shared_prefix}")
     print(f"{'round':>5} {'call':>4} {'s':>8} {'tok/s':>9} {'tokens':>8}")
     for c in calls:
         print(f"{c['round']:>5} {c['call']:>4} {c['s']:>8.2f} {c['tok_s']:>9.1f} {c['new_tokens']:>8}")
@@ -146,6 +152,7 @@ def rl_round(args, model, tok, device):
           f"slot {slots}")
     return {"mode": "rl_round", "rl_prompts": args.rl_prompts, "rl_group": G, "rl_cap": cap,
             "plain": args.plain, "fresh_slot": args.fresh_slot, "rl_batch": args.rl_batch,
+            "shared_prefix": args.shared_prefix, "stats": {k: round(v, 3) for k, v in fastgen.STATS.items()},
             "calls": calls, "pack_s": round(pack_s, 4), "slots": slots,
             "steady_tok_s": round(sum(c["new_tokens"] for c in steady) / sum(c["s"] for c in steady), 1),
             "steady_s_per_call": round(sum(c["s"] for c in steady) / len(steady), 3)}
@@ -165,6 +172,8 @@ def main():
     ap.add_argument("--rl-batch", type=int, default=64, help="decoder batch_size (rl.py's gen_batch_size)")
     ap.add_argument("--plain", action="store_true", help="--rl-round without shared prefill and compaction")
     ap.add_argument("--fresh-slot", action="store_true", help="--rl-round: drop the decoder state per call")
+    ap.add_argument("--shared-prefix", action="store_true",
+                    help="fastgen.SHARED_PREFIX on: each group's prompt K/V once, two-part decode attention")
     ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
@@ -180,6 +189,7 @@ def main():
                          "command": "python " + " ".join(sys.argv)})
         return
     N = args.new_tokens
+    fastgen.SHARED_PREFIX = args.shared_prefix
     print(f"device={device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
           f"prompt {len(prompt)} tokens, {N} new tokens per sequence, T={args.temperature}, top_p={args.top_p}")
     kw = dict(max_new_tokens=N, temperature=args.temperature, top_p=args.top_p, seed=0, ignore_stop=True)
@@ -214,7 +224,8 @@ def main():
               f"{r.get('speedup', float('nan')):>8.1f} {r['fast_first_s']:>16.2f}")
     print(f"greedy agreement (leading tokens equal, of {greedy['max_new_tokens']}): {agree}")
     write_json(args.out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
-                          "top_p": args.top_p, "rows": rows, "greedy_agreement": agree})
+                          "top_p": args.top_p, "shared_prefix": args.shared_prefix, "rows": rows,
+                          "greedy_agreement": agree})
 
 
 def run_info(args, model, device, prompt):
