@@ -40,6 +40,9 @@ Stages:
                gives the direct (round 0) and agentic (last round) numbers
    eval_syn    every model on held-out synthetic designs (the validation families, another seed; test_tasks,
                test_n, test_rounds; 0 tasks = skipped): the training distribution without its designs
+   eval_skill  every model on the skill split the data stage builds (data/skill.py: the eval tasks random
+               stimulus fails and a known stimulus passes, the synthetic skill families, skill_pool's held-out
+               designs; skill_tasks, eval_n, eval_rounds; 0 = skipped): the headline, what a model adds over random
    compare     complementarity of the three experts (per-task heatmap, oracle union), and of all models,
                on the eval tasks and on the synthetic test tasks
    report      OUT/report/: report.md, report.json and the plots
@@ -186,6 +189,13 @@ PROFILES = {
                                    # needing just their stages; the eval stage completes once all are done
         "eval_baselines": "",      # comma list of weightless baselines evaluated beside the models in eval / eval_syn
                                    # (evaluate.py --model random | teacher:LEVEL; folder names random, teacher_LEVEL)
+        # the skill split (data/skill.py; docs/method.md 2.5): tasks random stimulus fails and a known stimulus passes
+        "skill_tasks": 1,          # synthetic skill-family tasks in it (0 = no skill split, no eval_skill stage);
+                                   # the eval tasks that qualify join them
+        "skill_pool": "",          # a design pool (data/design_pool.py's pool.jsonl) whose qualifying designs join
+                                   # the split, 70 % of groups held out; the training pool decontaminates against it
+        "skill_val_tasks": 0,      # synthetic skill tasks (another seed) the val stage scores the experts on, so the
+                                   # OPD student is picked by skill (0 = the tuning tasks)
     },
 }
 
@@ -257,6 +267,8 @@ PROFILES["small"] = {
     "test_tasks": 40,          # the dev set is far from the synthetic training designs for a 135M model (first
     "test_n": 4,               # GPU run: Pass@1 0-3 on it): a held-out-family test set shows what the stages
     "test_rounds": 1,          # change in distribution
+    "skill_tasks": 150,        # 30 per skill family + the eval tasks random fails (results/skill_bench.md)
+    "skill_val_tasks": 30,     # the OPD student picked by skill, not by tasks random already passes
 }
 
 # Qwen3-4B-class model on one 24 GB GPU. Memory settings measured by bench/bench_4b.py at commit ea1538f, before
@@ -298,16 +310,19 @@ PROFILES["small2"] = {
     "rl_min_steps": 100,       # no plateau stop before step 100
     "rl_stop_on_plateau": True,
     "opd_steps": 50,           # the three OPD variants, one budget
+    "skill_tasks": 0,          # the published run predates the skill split (its models were scored on it
+    "skill_val_tasks": 0,      # afterwards: results/skill_bench.md)
 }
 
 STAGES = ["data", "sft0", "sft1", "data2", "sft2", "rl0", "rl1", "rl2", "merge", "val",
-          "opd", "opd_nogate", "opd_rlfb", "eval", "eval_syn", "compare", "report"]
+          "opd", "opd_nogate", "opd_rlfb", "eval", "eval_syn", "eval_skill", "compare", "report"]
 NEEDS = {"sft0": ["data"], "sft1": ["sft0"], "data2": ["sft1"], "sft2": ["data2", "sft1"],
          "rl0": ["sft0"], "rl1": ["sft1"], "rl2": ["sft2"], "merge": ["rl0", "rl1", "rl2"],
          "val": ["rl0", "rl1", "rl2"], "opd": ["val"], "opd_nogate": ["val"], "opd_rlfb": ["val"],
          "eval": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
          "eval_syn": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
-         "compare": ["eval", "eval_syn"], "report": []}
+         "eval_skill": ["sft0", "sft1", "sft2", "rl0", "rl1", "rl2", "merge", "opd", "opd_nogate", "opd_rlfb"],
+         "compare": ["eval", "eval_syn", "eval_skill"], "report": []}
 MODEL_STAGE = {"base": "data", **{f"sft{k}": f"sft{k}" for k in range(3)}, **{f"rl{k}": f"rl{k}" for k in range(3)},
                "soup": "merge", "ties": "merge", "dare_ties": "merge", "dare_ties_mean": "merge", "della": "merge",
                "opd": "opd", "opd_nogate": "opd_nogate", "opd_rlfb": "opd_rlfb"}   # model -> the stage making it
@@ -574,13 +589,17 @@ OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write n
     "data": lambda f: {"train_tasks": count_lines(f / "train_tasks.jsonl"), "val_tasks": count_lines(f / "val_tasks.jsonl"),
                        "eval_tasks": count_lines(f / "eval_tasks.jsonl"),
                        "tuning_tasks": count_lines(f / "tuning_tasks.jsonl"), "mix": read_json(f / "mix.json"),
+                       "skill_tasks": count_lines(f / "skill" / "skill_tasks.jsonl"),
+                       "skill_val_tasks": count_lines(f / "skill_val" / "skill_tasks.jsonl"),
                        **outcome_of(f)},   # + build_sft.py's
     "merge": lambda f: {m: outcome_of(f / m) for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "eval_syn": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
+    "eval_skill": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
     "compare": lambda f: {"oracle": outcome_of(f / "experts").get("oracle"),
-                          "oracle_syn": outcome_of(f / "experts_syn").get("oracle")},
+                          "oracle_syn": outcome_of(f / "experts_syn").get("oracle"),
+                          "oracle_skill": outcome_of(f / "experts_skill").get("oracle")},
 }
 
 
@@ -649,11 +668,24 @@ def data_cmds(c, o, model_path):
         cmds.append(Cmd(["python", "data/designs.py", "--split", "val", "--n", c["test_tasks"], "--seed",
                          c["seed"] + 1000, *opts(families=c["val_families"] or None), "--out", rel(d / "test_tasks.jsonl")],
                         done=d / "test_tasks.jsonl"))
+    if c["skill_tasks"] > 0:               # the skill split: eval tasks random fails + skill families (+ a pool's)
+        pool = ROOT / c["skill_pool"] if c["skill_pool"] else None
+        if pool and not pool.is_file():
+            raise SystemExit(f"chorus_mini.py: skill_pool {c['skill_pool']!r} is not a file")
+        real = [rel(d / "eval_tasks.jsonl")] if source else []
+        cmds.append(Cmd(["python", "data/skill.py", "--tasks", *real, *([rel(pool), "--screen"] if pool else []),
+                         "--synthetic", c["skill_tasks"], "--seed", c["seed"], "--workers", c["sim_workers"],
+                         "--out", rel(d / "skill")], done=d / "skill" / "skill_split.json"))
+    if c["skill_val_tasks"] > 0:           # fresh family instances: the val stage's tasks
+        cmds.append(Cmd(["python", "data/skill.py", "--synthetic", c["skill_val_tasks"], "--seed", c["seed"] + 2000,
+                         "--workers", c["sim_workers"], "--out", rel(d / "skill_val")],
+                        done=d / "skill_val" / "skill_split.json"))
     cmds.append(Cmd(["python", "data/designs.py", "--split", "train", "--n", c["train_tasks"], "--seed", c["seed"],
                      *opts(families=c["train_families"] or None), "--decontaminate", rel(source or d / f"{syn}val_tasks.jsonl"),
                      "--out", rel(d / f"{syn}train_tasks.jsonl")], done=d / f"{syn}train_tasks.jsonl"))
     if corpus:
-        evals = [rel(p) for p in (source, d / "test_tasks.jsonl" if c["test_tasks"] > 0 else None) if p]
+        evals = [rel(p) for p in (source, d / "test_tasks.jsonl" if c["test_tasks"] > 0 else None,
+                                  d / "skill" / "skill_tasks.jsonl" if c["skill_tasks"] > 0 else None) if p]
         cmds.append(Cmd(["python", "data/design_pool.py", "--corpus", *[rel(p) for p in corpus],
                          "--eval-tasks", *(evals or [rel(d / "syn_val_tasks.jsonl")]),
                          "--sample", c["real_tasks"] + c["real_val_tasks"], "--seed", c["seed"],
@@ -917,7 +949,8 @@ def cmd_run(args):
     for k in range(3):
         run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
     run_stage(ctx, "merge", merge_cmds(c, o, model))
-    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", tune_tasks(c, o), o / f"val/rl{k}",
+    val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
+    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",
                                     c["val_n"], c["val_rounds"]) for k in range(3)])
     for variant in OPD_VARIANTS:
         run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
@@ -935,6 +968,14 @@ def cmd_run(args):
             + [eval_cmd(c, o, spec, None, syn_tasks, o / "eval_syn" / name, c["test_n"], c["test_rounds"])
                for name, spec in base.items()]
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
+    skill = []                  # the skill split of the data stage
+    if c["skill_tasks"] > 0:
+        skill_tasks = o / "data" / "skill" / "skill_tasks.jsonl"
+        skill = [eval_cmd(c, o, model, model_adapters(o, c)[m], skill_tasks, o / "eval_skill" / m, c["eval_n"],
+                           c["eval_rounds"]) for m in wanted] \
+            + [eval_cmd(c, o, spec, None, skill_tasks, o / "eval_skill" / name, c["eval_n"], c["eval_rounds"])
+               for name, spec in base.items()]
+    run_stage(ctx, "eval_skill", skill, needs=needs, partial=subset)
     if subset:
         print(f"chorus-mini run: eval_models={c['eval_models']} is a subset of the models: compare and report wait "
               "for a run with all of them")
@@ -943,7 +984,9 @@ def cmd_run(args):
     everyone = wanted + list(base)
     run_stage(ctx, "compare", [compare_cmd(o, experts, o / "compare/experts"), compare_cmd(o, everyone, o / "compare/all")]
               + ([compare_cmd(o, experts, o / "compare/experts_syn", "eval_syn"),
-                  compare_cmd(o, everyone, o / "compare/all_syn", "eval_syn")] if syn else []))
+                  compare_cmd(o, everyone, o / "compare/all_syn", "eval_syn")] if syn else [])
+              + ([compare_cmd(o, experts, o / "compare/experts_skill", "eval_skill"),
+                  compare_cmd(o, everyone, o / "compare/all_skill", "eval_skill")] if skill else []))
     run_stage(ctx, "report", [Cmd(["python", "chorus_mini.py", "report", "--out", rel(o)], fn=lambda: report(o))])
     if ctx.only and "report" not in ctx.only:
         print(f"chorus-mini run: stage(s) {' '.join(args.only)} done")
@@ -1058,6 +1101,8 @@ def report(out):
     table, rows = results_table(o / "eval", experts, c.get("eval_n", 1), paper=True)
     experts_syn = outcome_of(o / "compare/experts_syn")
     table_syn, rows_syn = results_table(o / "eval_syn", experts_syn, c.get("test_n", 1))
+    experts_skill = outcome_of(o / "compare/experts_skill")
+    table_skill, rows_skill = results_table(o / "eval_skill", experts_skill, c.get("eval_n", 1))
     n = c.get("eval_n", 1)
     pass_n = f"Pass@{n}" if n > 1 else "Pass@n (n=1)"
     # plots: copy the curves the stages drew, so report/ stands alone
@@ -1067,7 +1112,9 @@ def report(out):
                      *[(o / v / "curves.png", f"{v}_curves.png") for v in OPD_VARIANTS],
                      (o / "compare/experts/compare.png", "experts_heatmap.png"), (o / "compare/all/compare.png", "all_heatmap.png"),
                      (o / "compare/experts_syn/compare.png", "experts_syn_heatmap.png"),
-                     (o / "compare/all_syn/compare.png", "all_syn_heatmap.png")]:
+                     (o / "compare/all_syn/compare.png", "all_syn_heatmap.png"),
+                     (o / "compare/experts_skill/compare.png", "experts_skill_heatmap.png"),
+                     (o / "compare/all_skill/compare.png", "all_skill_heatmap.png")]:
         if src.is_file():
             shutil.copy2(src, r / dst)
             plots.append(dst)
@@ -1105,6 +1152,19 @@ def report(out):
               "|---" * 9 + "|", *rows_syn, ""]
         if experts_syn:
             L += oracle_line(experts_syn)
+    if rows_skill:
+        skill_rep = read_json(o / "data" / "skill" / "skill_split.json") or {}
+        L += [f"### The skill split ({(table_skill.get('base', {}).get('agentic') or table_skill.get('base', {}).get('direct') or {}).get('tasks', '?')} "
+              f"tasks, n={n}, {c.get('eval_rounds')} refinement rounds; percent)", "",
+              "Tasks random stimulus fails and a known stimulus passes (data/skill.py: "
+              f"{skill_rep.get('real', '?')} real, {skill_rep.get('synthetic', '?')} synthetic; "
+              f"{(skill_rep.get('excluded') or {}).get('items', '?')} unreachable items excluded), each target halfway "
+              "between random's best run and the known stimulus's coverage: Pass@1 here is what a model adds over "
+              "random stimulus (docs/method.md 2.5).", "",
+              f"| model | direct Pass@1 | {pass_n} | Cov@1 | SynPass | agentic Pass@1 | {pass_n} | Cov@1 | SynPass |",
+              "|---" * 9 + "|", *rows_skill, ""]
+        if experts_skill:
+            L += oracle_line(experts_skill)
     opd = results.get("opd")
     if opd:
         name = lambda adapter: Path(adapter).parent.name        # OUT/rl1/adapter -> rl1
@@ -1115,7 +1175,7 @@ def report(out):
     L += ["Merges (" + (c.get("merge_space") or "?") + " space): " + ", ".join(
         f"{m} (rank {e.get('r', '?')}) SVD rel. error {e.get('svd_rel_error_mean', '?')}" for m, e in merges.items()) + ".", ""]
     claims = {}      # the paper's four claims with paired bootstrap verdicts (evaluate.claims), where the models exist
-    for sub, title in (("eval", "eval tasks"), ("eval_syn", "held-out synthetic families")):
+    for sub, title in (("eval", "eval tasks"), ("eval_syn", "held-out synthetic families"), ("eval_skill", "skill split")):
         if (o / sub).is_dir():
             with contextlib.suppress(SystemExit):
                 cl = evaluate.claims(o / sub, seed=c.get("seed") or 0)
@@ -1156,6 +1216,8 @@ def report(out):
     (r / "report.md").write_text("\n".join(L))
     (r / "report.json").write_text(json.dumps({"header": header, "config": c, "table": table, "table_syn": table_syn,
                                                "oracle_syn": experts_syn and experts_syn["oracle"], "paper": PAPER,
+                                               "table_skill": table_skill,
+                                               "oracle_skill": experts_skill and experts_skill["oracle"],
                                                "oracle": experts and experts["oracle"], "stages": stages,
                                                "claims": claims, "plots": plots, "smoke": smoke}, indent=1))
     print(f"report: {r / 'report.md'}")

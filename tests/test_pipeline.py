@@ -280,6 +280,9 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
         metrics = json.loads((out / "eval" / name / "metrics.json").read_text())
         assert "direct" in metrics and "agentic" in metrics, name
         assert json.loads((out / "eval_syn" / name / "metrics.json").read_text())["num_tasks"] == 2, name
+        assert json.loads((out / "eval_skill" / name / "metrics.json").read_text())["num_tasks"] == 1, name
+    skill_row = json.loads((out / "data" / "skill" / "skill_tasks.jsonl").read_text())    # one synthetic skill task
+    assert skill_row["skill"]["source"] == "synthetic" and skill_row["random_floor"]["random_pass"] == 0
     assert "$ python rl.py --adapter" in (out / "rl0" / "stdout.log").read_text()
     md = (out / "report" / "report.md").read_text()
     assert "smoke run" in md and "oracle union of the 3 experts" in md and "OPD, gate + RL fallback" in md
@@ -289,8 +292,9 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     assert rep["smoke"] and set(rep["table"]) >= {"base", "rl0", "oracle", "soup", "opd_rlfb"}
     assert set(rep["table_syn"]) >= {"base", "rl0", "oracle", "opd"} and "Held-out synthetic families" in md
     assert (out / "report" / "experts_heatmap.png").is_file() and (out / "report" / "rl0_curves.png").is_file()
-    claims = json.loads((out / "report" / "claims.json").read_text())      # the four claims, on both task sets
-    assert set(claims) == {"eval", "eval_syn"} and set(claims["eval"]["claims"]) == {"a", "b", "c", "d"}
+    claims = json.loads((out / "report" / "claims.json").read_text())      # the four claims, on every task set
+    assert set(claims) == {"eval", "eval_syn", "eval_skill"} and set(claims["eval"]["claims"]) == {"a", "b", "c", "d"}
+    assert set(rep["table_skill"]) >= {"base", "rl0", "opd"} and "### The skill split (1 tasks" in md
     assert rep["claims"] == claims and "## The paper's four claims (eval tasks)" in md
 
     # a second run finds every done.json and runs nothing
@@ -304,7 +308,7 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     assert cm.main(["run", "--out", str(out), "--from", "compare", *tiny]) == 0
     after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
     assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
-    assert [c.split()[2] for c in EXECUTED] == ["compare"] * 4 + ["report"]
+    assert [c.split()[2] for c in EXECUTED] == ["compare"] * 6 + ["report"]
 
 
 @pytest.mark.slow
