@@ -28,9 +28,9 @@ Sources: real task files (../shared/data/dev_tasks.jsonl; a training pool's pool
 `pool` marks it) and the synthetic skill families (data/skill_designs.py). Qualifying pool designs are split
 by group (SPLIT_RULE): HELDOUT of the groups evaluate (skill_tasks.jsonl), the rest train
 (skill_train.jsonl); a data stage that trains on the pool decontaminates against skill_tasks.jsonl, which
-drops the held-out designs (same RTL). With --screen, pool tasks first get one random run (SCREEN_BUDGET)
-against their stored teacher calibration, and only those where random stays SCREEN_GAP below it get the
-full grid.
+drops the held-out designs (same RTL). With --screen, tasks first get one random run (SCREEN_BUDGET)
+against their stored teacher calibration (100 % where they have none), and only those where random stays
+SCREEN_GAP below it get the full grid.
 
     python data/skill.py --tasks ../shared/data/dev_tasks.jsonl --synthetic 50 --out runs/skill [--workers 2]
     python data/skill.py --tasks ../shared/data/dev_tasks.jsonl runs/pool/pool.jsonl --screen --synthetic 150 --out runs/skill
@@ -144,17 +144,19 @@ def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGE
     `skill.source` or the caller's `_source` names where it came from). Qualifying designs of a training
     pool (`_source` "pool") are split by group (split_group) into the eval split (share `heldout`) and a
     training share; every other qualifying task is an eval task. report: the counts through every filter.
-    screen: None, or a floor cache dict: first one random run (SCREEN_BUDGET) per task that has a stored
-    teacher calibration (a pool's); a task whose run comes within SCREEN_GAP of the stored best goes no
-    further (random_passes_screen), which spares the full grid on most of a large pool."""
+    screen: None, or a floor cache dict: first one random run (SCREEN_BUDGET) per task without a known
+    stimulus; a task whose run comes within SCREEN_GAP of its stored teacher calibration (a pool's), or of
+    100 % where it has none, goes no further (random_passes_screen): no stimulus can beat that run by MIN_GAP
+    (excluding items rescales a gap by at most 100 / (100 - excluded %), so this can drop a task whose
+    exclusions would have widened a gap of under SCREEN_GAP points). It spares the full grid on most of a pool."""
     t0 = time.time()
     reasons, screened = {}, []
-    if screen is not None:      # one random run against the stored teacher calibration
-        got = floor.calibrate_floor([t for t in tasks if _stored_reach(t) is not None], [SCREEN_BUDGET], 1, workers=workers,
-                                    cache=screen, on_task=on_screen, progress=True)
+    if screen is not None:      # one random run against the stored teacher calibration (or 100 %)
+        got = floor.calibrate_floor([t for t in tasks if not t.get("known_stimulus")], [SCREEN_BUDGET], 1,
+                                    workers=workers, cache=screen, on_task=on_screen, progress=True)
         for t in tasks:
             g = got.get(floor.task_key(t))
-            if g is not None and "error" not in g and g["random_cov_max"] >= _stored_reach(t) - SCREEN_GAP:
+            if g is not None and "error" not in g and g["random_cov_max"] >= (_stored_reach(t) or 100.0) - SCREEN_GAP:
                 reasons[t["id"]] = "random_passes_screen"
         screened = [t for t in tasks if t["id"] not in reasons]
     else:
