@@ -721,9 +721,12 @@ def _two_part_kernel_works(device, dtype, hq, hkv, d):
 
 SHARE_PREFILL = True   # tests switch these off to compare against the plain path
 COMPACT = True
-# Off until a GPU benchmark (bench/decode_two_part.py, bench/bench_generate.py --shared-prefix) shows
-# the layout faster end to end; then the default follows that measurement.
-SHARED_PREFIX = False
+# "auto": on where the Triton kernels run and pass their probe (CUDA), off elsewhere: there the torch form
+# would run, slower than the default layout (bench/decode_two_part.py on an H100: attention 60-203 us per
+# layer against 136-522 us for the default cuDNN call; 264-738 us for the torch form). End to end on an RL
+# round (64 prompts x G 4, 1.7-6.9k-token prompts, cap 1280) it took 12.5 s per call against 19.0 s
+# (results/rl_throughput.md). True / False force it (tests).
+SHARED_PREFIX = "auto"
 # Rows per group at most: a group's rows x query heads per KV head are one block of query rows in the prefix
 # kernel (registers), so a prompt repeated more often is stored once per GROUP_MAX rows (and prefilled each time).
 GROUP_MAX = 8
@@ -1094,7 +1097,10 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
     sampling = temperature > 0
     n_max = max_new_tokens if caps is None else max(caps)
     check = not ignore_stop or caps is not None
-    rep, first, member = _groups(batch) if SHARED_PREFIX else (None, range(B), None)
+    meta = st["meta"]
+    share = SHARED_PREFIX is True or (SHARED_PREFIX == "auto" and device.type == "cuda" and _two_part_kernel_works(
+        device, meta["dtype"], meta["hq"], meta["hkv"], meta["d"]))
+    rep, first, member = _groups(batch) if share else (None, range(B), None)
     carve = None                           # the shared-prefix layout (section 4): where the batch repeats a prompt
     t_start = _clock(device)
     capture_s = 0.0
