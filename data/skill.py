@@ -177,6 +177,9 @@ def build_skill_split(tasks, *, workers=2, floor_cache=None, budgets=floor.BUDGE
         best_raw = max((r.get("overall_pct") or 0.0) for _, r in runs[t["id"]] if r.get("status") == sim.OK)
         rbest, rcov, reach, by = rescored(f, runs[t["id"]], ex)
         per_task_ex[t["id"]] = len(ex)
+        if reach is None:           # every item excluded: no stimulus covers anything the scorer counts
+            reasons[t["id"]] = "nothing_covered"
+            continue
         if rbest > reach - MIN_GAP:
             reasons[t["id"]] = ("random_passes" if f["random_pass"] > 0 else      # the task's own targets
                                 "random_fails_unreachable_items" if ex else "random_within_5_points")
