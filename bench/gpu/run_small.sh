@@ -32,7 +32,7 @@ evals() {   # evals MODEL...: the eval stage for these models only (their own st
   local m
   for m; do
     echo "[$(date +%T)] eval $m"
-    "$PY" chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval eval_syn || return 1
+    "$PY" chorus_mini.py run --profile "$PROFILE" --out "$OUT" "${SETS[@]}" --set "eval_models=$m" --only eval eval_syn eval_skill || return 1
   done
 }
 wait_for() {   # wait_for STAGE...: until each has done.json (or another lane failed)
@@ -69,5 +69,5 @@ if [ -f "$OUT/lanes/FAILED" ]; then
   exit 1
 fi
 # every model is evaluated by now: these stages only check that and write the comparison and the report
-stage eval eval_syn compare report > "$OUT/lanes/final.log" 2>&1 || { echo "run_small: final stages failed ($OUT/lanes/final.log)"; exit 1; }
+stage eval eval_syn eval_skill compare report > "$OUT/lanes/final.log" 2>&1 || { echo "run_small: final stages failed ($OUT/lanes/final.log)"; exit 1; }
 echo "run_small: done; report $OUT/report/report.md"
