@@ -17,34 +17,20 @@ The default shape is SmolLM2-135M's (3 KV heads, 3 query heads each, head dim 64
 import argparse
 import json
 import os
-import time
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_two_part import timed  # noqa: E402  (graph capture + replay timing, shared with that bench)
+
 
 def bench(res, name, fn, n=50):
     """Capture fn in a CUDA graph, replay it n times; res[name] = microseconds per replay (or the error)."""
     try:
-        fn()
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        for _ in range(5):
-            graph.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            graph.replay()
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - t) / n * 1e6
+        us, out = timed(fn, torch.device("cuda"), n)
         res[name] = round(us, 1)
         print(f"{name:40s} {us:8.1f} us", flush=True)
         return out
