@@ -15,12 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate  # noqa: E402
+from data import floor  # noqa: E402
 import score  # noqa: E402
 import sim  # noqa: E402
 
 
-def rows_of(answers, tasks, target_mode="icarus", workers=2, seed=0, n_boot=1000):
-    """answers: a gpu_memory.py answers record -> evaluate's direct metrics (with floor metrics where tasks have them)."""
+def rows_of(answers, tasks, target_mode="icarus", workers=2, seed=0, n_boot=1000, floor_records=None):
+    """answers: a gpu_memory.py answers record -> evaluate's direct metrics (with floor metrics where tasks have them,
+    or where floor_records, data/floor.py's records by task key, hold them)."""
     by_id = {t["id"]: t for t in tasks}
     results = score.score_answers([(by_id[i], text) for i, text in zip(answers["task_ids"], answers["texts"])],
                                   workers=workers, target_mode=target_mode, answer_mode="stimulus",
@@ -37,7 +39,8 @@ def rows_of(answers, tasks, target_mode="icarus", workers=2, seed=0, n_boot=1000
                             "best_by_round": [0]})
     metrics = {"direct": evaluate.compute_metrics(samples, round_index=0, seed=seed, n_boot=n_boot)}
     ran = set(seen) | set(missing)                     # the tasks the answers file covers (it may hold a --limit)
-    return evaluate.add_floor_metrics(metrics, [t for t in tasks if t["id"] in ran], None, seed=seed, n_boot=n_boot)
+    return evaluate.add_floor_metrics(metrics, [t for t in tasks if t["id"] in ran], floor_records, seed=seed,
+                                      n_boot=n_boot)
 
 
 def main(argv=None):
@@ -45,20 +48,25 @@ def main(argv=None):
     p.add_argument("--answers", nargs="+", required=True, help="bench/gpu_memory.py answers records")
     p.add_argument("--tasks", required=True, help="the task JSONL the answers were generated on")
     p.add_argument("--target-mode", choices=("cvdp", "icarus"), default="icarus")
+    p.add_argument("--floor", default=None, help="random-floor JSON (data/floor.py) for tasks that carry none "
+                   "(a dev split), as `evaluate.py eval --floor`")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     tasks = sim.load_tasks(a.tasks)
+    floors = floor.load_floor(a.floor) if a.floor else None
     out = {}
     for path in a.answers:
         rec = json.loads(Path(path).read_text())
         name = Path(rec["adapter"]).name if rec.get("adapter") else "base"
-        m = rows_of(rec, tasks, a.target_mode, a.workers)
+        m = rows_of(rec, tasks, a.target_mode, a.workers, floor_records=floors)
         d = m["direct"]
         keep = ("pass@1", "pass@1_ci95", "cov@1", "cov@1_ci95", "syn_pass", "failures", "floor_tasks", "cov_gain",
                 "cov_gain_ci95", "beats_random", "random_cov", "skill")
         out[name] = {"answers": Path(path).name, "n": rec.get("n"), "temperature": rec.get("temperature"),
-                     **{k: d[k] for k in keep if k in d}}
+                     **{k: d[k] for k in keep if k in d},
+                     "per_task": {tid: {"pass_rate": r["pass_rate"], "cov_mean": r["cov_mean"]}
+                                  for tid, r in d["per_task"].items()}}
         sk = d.get("skill", {})
         print(f"{name}: all Pass@1 {d['pass@1']:.1f} Cov@1 {d['cov@1']:.1f} | skill ({sk.get('tasks')}) "
               f"Pass@1 {sk.get('pass@1', float('nan')):.1f} cov_gain {sk.get('cov_gain', float('nan')):.1f}")
