@@ -201,7 +201,8 @@ def teacher_direct(tasks, teacher, n):
 
 
 def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="testbench"):
-    """Direct rows: for each task the best of n teacher answers, kept if it ran with coverage.
+    """Direct rows: for each task the best of n teacher answers (and of its known stimulus, where it has one),
+    kept if it ran with coverage.
 
     Returns (rows, stats); stats["skipped_ids"] are the designs the teacher cannot drive (counted per
     reason in stats["skipped_by_reason"]). score_fn([(task, answer)]) -> [result dict] defaults to
@@ -210,6 +211,11 @@ def build_stage0(tasks, teacher, n=2, score_fn=None, workers=None, answer_mode="
     score_fn = score_fn or (lambda pairs: score_answers(pairs, workers, desc="stage 0: teacher answers",
                                                         answer_mode=answer_mode, retry_starved=True))
     kept, answers, skipped = teacher_direct(tasks, teacher, n)
+    # a task that comes with a known stimulus (the synthetic skill families) offers it beside the teacher's answers:
+    # the teacher's template cannot open a code lock, and the best scored answer is the row
+    answers = [list(ans) + ([harness.render_stimulus(t["known_stimulus"])]
+                            if t.get("known_stimulus") and harness.task_mode(t, answer_mode) == "stimulus" else [])
+               for t, ans in zip(kept, answers)]
     pairs = [(t, a) for t, ans in zip(kept, answers) for a in ans]
     results = score_fn(pairs)
     rows, dropped, k = [], 0, 0

@@ -364,3 +364,16 @@ def test_state_draws_are_per_design_so_dropping_one_leaves_the_others():
     again = build_sft.state_policy_runs(list(reversed(tasks)), fail_fraction=0.5, seed=7)
     assert by_id(again) == a                                   # the order of the list does not matter either
     assert by_id(build_sft.state_policy_runs(tasks, fail_fraction=0.5, seed=8)) != a
+
+
+def test_a_skill_task_s_known_stimulus_is_its_stage0_row_where_the_template_fails():
+    """A code lock's coverage needs the code the spec states: the template teacher's answers stay at random's
+    coverage, the family's known stimulus passes, and stage 0 keeps the best scored answer (real simulator)."""
+    from data import skill_designs
+    t = skill_designs.make_task("code_lock", 3001)
+    rows, st = build_sft.build_stage0([t], teacher_mod.TemplateTeacher(level="strong", mode="stimulus"), n=1, workers=1,
+                                      answer_mode="stimulus")
+    (row,) = rows
+    body = " ".join(row["messages"][-1]["content"].split())
+    assert " ".join(t["known_stimulus"].split()) in body
+    assert row["reward_after"] == pytest.approx(2.0)        # the known stimulus covers everything
