@@ -60,6 +60,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import shlex
 import shutil
 import subprocess
@@ -196,6 +197,11 @@ PROFILES = {
                                    # the split, 70 % of groups held out; the training pool decontaminates against it
         "skill_val_tasks": 0,      # synthetic skill tasks (another seed) the val stage scores the experts on, so the
                                    # OPD student is picked by skill (0 = the tuning tasks)
+        "skill_train_tasks": 0,    # synthetic skill tasks (a third seed) added to the training tasks with the skill
+                                   # split's training pool designs: their known stimuli enter SFT, and RL / OPD draw
+                                   # their prompts mostly from them (0 = train on train_tasks alone, as before)
+        "rl_easy_share": 0.2,      # with skill_train_tasks: the share of RL / OPD prompts from the other training
+                                   # tasks (the easy ones, most of which random stimulus passes)
     },
 }
 
@@ -350,6 +356,7 @@ VALUE_CHECKS = {
     "answer_mode": rundir.one_of(*harness.ANSWER_MODES), "gen_batch_size": COUNT,
     "max_tokens_per_micro": (lambda v: v == "auto" or (type(v) is int and v >= 0), "'auto' or a token count >= 0"),
     "train_tasks": COUNT, "val_tasks": COUNT, "real_tasks": COUNT0, "real_val_tasks": COUNT0,
+    "skill_train_tasks": COUNT0, "rl_easy_share": (lambda v: type(v) in (int, float) and 0 <= v < 1, "a share in [0, 1)"),
     "real_max_tokens": COUNT, "eval_limit": COUNT, "eval_max_chars": COUNT,
     "teacher_level": rundir.one_of(*teacher.LEVELS),
     "sft_tries": COUNT, "sft_rounds": COUNT, "stage2_n": COUNT, "sft_limit": COUNT, "sft_epochs": COUNT,
@@ -591,6 +598,7 @@ OUTCOMES = {   # stage -> its outcome numbers, for stages whose commands write n
                        "tuning_tasks": count_lines(f / "tuning_tasks.jsonl"), "mix": read_json(f / "mix.json"),
                        "skill_tasks": count_lines(f / "skill" / "skill_tasks.jsonl"),
                        "skill_val_tasks": count_lines(f / "skill_val" / "skill_tasks.jsonl"),
+                       "skill_mix": read_json(f / "skill_mix.json"),
                        **outcome_of(f)},   # + build_sft.py's
     "merge": lambda f: {m: outcome_of(f / m) for m in MERGES},
     "val": lambda f: {d.name: headline(d) for d in sorted(f.iterdir()) if (d / "metrics.json").is_file()},
@@ -637,6 +645,16 @@ def real_corpus(c):
 def tune_tasks(c, o):
     """The task file choices are made on (tune_source): the dev tuning split when asked and an eval file exists."""
     return o / "data" / ("tuning_tasks.jsonl" if c["tune_source"] == "dev" and eval_source(c) else "val_tasks.jsonl")
+
+
+def sft_tasks(c, o):
+    """The SFT rows' tasks: the training tasks, with the skill training tasks when the profile has them."""
+    return o / "data" / ("sft_tasks.jsonl" if c["skill_train_tasks"] > 0 else "train_tasks.jsonl")
+
+
+def rl_tasks(c, o):
+    """RL's and OPD's prompt pool: mostly skill training tasks (skill_mix) when the profile has them."""
+    return o / "data" / ("rl_tasks.jsonl" if c["skill_train_tasks"] > 0 else "train_tasks.jsonl")
 
 
 def data_cmds(c, o, model_path):
@@ -694,12 +712,19 @@ def data_cmds(c, o, model_path):
                         done=d / "pool" / "pool_stats.json"))
         argv = ["python", "chorus_mini.py", "mix-tasks", "--data", rel(d), "--real-val", c["real_val_tasks"]]
         cmds.append(Cmd(argv, done=d / "mix.json", fn=lambda: mix_tasks(d, c["real_val_tasks"])))
+    if c["skill_train_tasks"] > 0:         # skill training tasks: fresh family instances + the split's training pool
+        cmds.append(Cmd(["python", "data/skill.py", "--synthetic", c["skill_train_tasks"], "--seed", c["seed"] + 3000,
+                         "--workers", c["sim_workers"], "--out", rel(d / "skill_train")],
+                        done=d / "skill_train" / "skill_split.json"))
+        argv = ["python", "chorus_mini.py", "skill-mix", "--data", rel(d), "--easy-share", c["rl_easy_share"],
+                "--seed", c["seed"]]
+        cmds.append(Cmd(argv, done=d / "skill_mix.json", fn=lambda: skill_mix(d, c["rl_easy_share"], c["seed"])))
     if c["train_val"]:   # the tuning tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
                          # before the training rows, whose done.json (= the stage's) comes last
         cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(tune_tasks(c, o)), "--out", rel(d / "val_sft"),
                          *opts(n=c["sft_tries"], rounds=0, fail_fraction=0, level=c["teacher_level"], seed=c["seed"],
                                workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "val_sft" / "done.json"))
-    cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(d / "train_tasks.jsonl"), "--out", rel(d),
+    cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(sft_tasks(c, o)), "--out", rel(d),
                      *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                            workers=c["sim_workers"], answer_mode=c["answer_mode"])], done=d / "done.json"))
     return cmds
@@ -708,7 +733,7 @@ def data_cmds(c, o, model_path):
 def data2_cmd(c, o, model):
     # build_sft.py has no default --stage2-model: name the bundled SmolLM2 GGUF
     model = model or common.default_model_path()
-    return Cmd(["python", "data/build_sft.py", "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / "data2"),
+    return Cmd(["python", "data/build_sft.py", "--tasks", rel(sft_tasks(c, o)), "--out", rel(o / "data2"),
                 *opts(n=c["sft_tries"], rounds=c["sft_rounds"], level=c["teacher_level"], seed=c["seed"],
                       workers=c["sim_workers"], quant=c["quant"], answer_mode=c["answer_mode"], stage2_model=model,
                       stage2_adapter=rel(sft_adapter(c, o, "sft1")), stage2_n=c["stage2_n"],
@@ -768,7 +793,7 @@ def common_train_opts(c, o):
 
 
 def rl_cmd(c, o, model, k):
-    return Cmd([*launch(c, "rl.py"), "--adapter", rel(sft_adapter(c, o, f"sft{k}")), "--tasks", rel(o / "data/train_tasks.jsonl"),
+    return Cmd([*launch(c, "rl.py"), "--adapter", rel(sft_adapter(c, o, f"sft{k}")), "--tasks", rel(rl_tasks(c, o)),
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
@@ -859,7 +884,7 @@ def opd_cmd(c, o, model, variant):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     metrics = [rel(o / f"val/rl{k}/metrics.json") for k in range(3)]
     return Cmd([*launch(c, "distill.py"), "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
-                "--tasks", rel(o / "data/train_tasks.jsonl"), "--out", rel(o / variant),
+                "--tasks", rel(rl_tasks(c, o)), "--out", rel(o / variant),
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
                       cursor_start=rl_prompts_used(c)),          # continue on prompts RL has not used
@@ -1015,6 +1040,31 @@ def mix_tasks(d, real_val):
     (d / "mix.json").write_text(json.dumps(counts, indent=1))
     print(f"mix-tasks: train {counts['train_synthetic']} synthetic + {counts['train_real']} real, "
           f"val {counts['val_synthetic']} synthetic + {counts['val_real']} real")
+    return counts
+
+
+def skill_mix(d, easy_share, seed=0):
+    """DATA/sft_tasks.jsonl = the training tasks + the skill training tasks (DATA/skill_train's synthetic family
+    instances and DATA/skill/skill_train.jsonl's pool designs, which random stimulus fails and a known stimulus
+    passes); DATA/rl_tasks.jsonl = every skill training task + enough other training tasks (seeded draw) to make
+    `easy_share` of the pool, shuffled with the seed; DATA/skill_mix.json counts them."""
+    d = Path(d)
+    easy = sim.load_tasks(d / "train_tasks.jsonl")
+    skill_syn = sim.load_tasks(d / "skill_train" / "skill_tasks.jsonl")
+    skill_real = sim.load_tasks(d / "skill" / "skill_train.jsonl") if (d / "skill" / "skill_train.jsonl").is_file() else []
+    skill = skill_syn + skill_real
+    rng = random.Random(f"skill-mix:{seed}")
+    n_easy = min(len(easy), round(len(skill) * easy_share / (1 - easy_share)))
+    pool = skill + rng.sample(easy, n_easy)
+    rng.shuffle(pool)
+    for name, rows in (("sft_tasks.jsonl", easy + skill), ("rl_tasks.jsonl", pool)):
+        (d / name).write_text("".join(json.dumps(t) + "\n" for t in rows))
+    counts = {"sft_tasks": len(easy) + len(skill), "rl_tasks": len(pool), "rl_skill_synthetic": len(skill_syn),
+              "rl_skill_real": len(skill_real), "rl_easy": n_easy,
+              "rl_easy_share": round(n_easy / len(pool), 3) if pool else 0.0}
+    (d / "skill_mix.json").write_text(json.dumps(counts, indent=1))
+    print(f"skill-mix: RL/OPD prompts {len(pool)} = {len(skill_syn)} synthetic + {len(skill_real)} real skill tasks "
+          f"+ {n_easy} others ({counts['rl_easy_share']:.0%}); SFT tasks {counts['sft_tasks']}")
     return counts
 
 
@@ -1251,6 +1301,10 @@ def main(argv=None):
     p = sub.add_parser("mix-tasks", help="mix the real-design pool into the synthetic train/val tasks (data stage)")
     p.add_argument("--data", required=True, help="the run's data folder (pool/pool.jsonl, syn_*_tasks.jsonl)")
     p.add_argument("--real-val", type=int, default=0, help="pool designs that go to the validation tasks")
+    p = sub.add_parser("skill-mix", help="add the skill training tasks to SFT and draw RL/OPD prompts mostly from them")
+    p.add_argument("--data", required=True, help="the run's data folder (train_tasks.jsonl, skill_train/, skill/)")
+    p.add_argument("--easy-share", type=float, default=0.2, help="share of RL/OPD prompts from the other training tasks")
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("tiny-model", help="save the tiny random test model as an HF folder")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -1266,6 +1320,10 @@ def main(argv=None):
         return pick_merge(args.out, args.candidates) or 0
     if args.command == "mix-tasks":
         return mix_tasks(args.data, args.real_val) and 0
+    if args.command == "skill-mix":
+        if not 0 <= args.easy_share < 1:
+            raise SystemExit(f"chorus_mini.py skill-mix: --easy-share {args.easy_share} is not in [0, 1)")
+        return skill_mix(args.data, args.easy_share, args.seed) and 0
     if args.command == "tiny-model":
         return make_tiny_model(args.out, args.seed) or 0
     return args.func(args)

@@ -449,3 +449,47 @@ def test_eval_baselines_are_evaluated_beside_the_models(tmp_path):
     assert argv[argv.index("--model") + 1] == "random" and "--adapter" not in argv
     with pytest.raises(SystemExit, match="unknown baseline"):
         cm.baselines(cm.apply_overrides(c, ["eval_baselines=random,teacher:"]))
+
+
+def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path):
+    """skill_train_tasks > 0: the data stage builds fresh skill-family instances and skill-mix writes sft_tasks
+    (every training task + the skill ones) and rl_tasks (the skill ones + easy_share others); build_sft, rl.py and
+    distill.py read them. 0 (the default): train_tasks.jsonl everywhere, as before."""
+    o = tmp_path
+    argv = lambda cmd: [str(x) for x in cmd.argv]
+    value = lambda args, flag: args[args.index(flag) + 1]
+    base = cm.PROFILES["smoke"]
+    assert base["skill_train_tasks"] == 0
+    train = str(cm.rel(o / "data/train_tasks.jsonl"))
+    assert value(argv(cm.rl_cmd(base, o, "M", 0)), "--tasks") == train
+    assert value(argv(cm.opd_cmd(base, o, "M", "opd")), "--tasks") == train
+    on = cm.apply_overrides(base, ["skill_train_tasks=8", "rl_easy_share=0.25"])
+    assert value(argv(cm.rl_cmd(on, o, "M", 2)), "--tasks") == str(cm.rel(o / "data/rl_tasks.jsonl"))
+    assert value(argv(cm.opd_cmd(on, o, "M", "opd")), "--tasks") == str(cm.rel(o / "data/rl_tasks.jsonl"))
+    data = [argv(c) for c in cm.data_cmds(on, o, o / "m")]
+    (skill,) = [a for a in data if a[1] == "data/skill.py" and str(cm.rel(o / "data/skill_train")) in a]
+    assert value(skill, "--synthetic") == "8" and value(skill, "--seed") == str(on["seed"] + 3000)
+    assert value(data[-1], "--tasks") == str(cm.rel(o / "data/sft_tasks.jsonl"))     # build_sft comes last
+    assert value(argv(cm.data2_cmd(on, o, "M")), "--tasks") == str(cm.rel(o / "data/sft_tasks.jsonl"))
+    with pytest.raises(SystemExit, match="rl_easy_share"):
+        cm.apply_overrides(base, ["rl_easy_share=1"])
+
+    d = tmp_path / "data"
+    (d / "skill_train").mkdir(parents=True)
+    (d / "skill").mkdir()
+    task = lambda i: {"id": i, "rtl_files": [{"name": "d.sv", "content": "module d(input a); endmodule"}],
+                      "spec_files": [], "dut_module_name": "d", "dut_instance_name": "uut", "instruction": "",
+                      "targets": [{"inst_name": "uut", "metric": "overall_average", "target_percentage": 90.0}]}
+    write = lambda path, ids: path.write_text("".join(json.dumps(task(i)) + "\n" for i in ids))
+    write(d / "train_tasks.jsonl", [f"easy{i}" for i in range(20)])
+    write(d / "skill_train" / "skill_tasks.jsonl", [f"skill_lock_{i}" for i in range(4)])
+    write(d / "skill" / "skill_train.jsonl", ["pool_a", "pool_b"])
+    counts = cm.skill_mix(d, 0.25, seed=1)
+    assert counts == {"sft_tasks": 26, "rl_tasks": 8, "rl_skill_synthetic": 4, "rl_skill_real": 2, "rl_easy": 2,
+                      "rl_easy_share": 0.25}
+    rl = [json.loads(line)["id"] for line in (d / "rl_tasks.jsonl").read_text().splitlines()]
+    assert {"pool_a", "pool_b", "skill_lock_0", "skill_lock_3"} <= set(rl) and sum(i.startswith("easy") for i in rl) == 2
+    assert rl == [json.loads(line)["id"] for line in (d / "rl_tasks.jsonl").read_text().splitlines()]
+    cm.skill_mix(d, 0.25, seed=1)                                 # seeded: the same pool again
+    assert rl == [json.loads(line)["id"] for line in (d / "rl_tasks.jsonl").read_text().splitlines()]
+    assert json.loads((d / "skill_mix.json").read_text())["rl_tasks"] == 8
