@@ -202,6 +202,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                "direct": compute_metrics(samples, round_index=0, seed=seed, n_boot=n_boot)}
     if rounds > 0:
         metrics["agentic"] = compute_metrics(samples, round_index=rounds, seed=seed, n_boot=n_boot)
+        metrics["hole_fixes"] = hole_fixes(samples)
     metrics["by_round"] = [{"round": r, **{k: v for k, v in compute_metrics(
         samples, round_index=r, seed=seed, n_boot=0).items() if k in ("pass@1", "cov@1", "syn_pass")}}
         for r in range(rounds + 1)]
@@ -296,6 +297,41 @@ def failure_breakdown(results):
     for r in results:
         out[FAILURE_GROUPS.get((r or {}).get("status"), "other")] += 1
     return out
+
+
+def hole_fixes(samples):
+    """How often a refinement covers what the state it was shown left uncovered. A step is a round r >= 1 whose
+    state (round `state_round`) ran with coverage; its holes are the state's uncovered item keys (sim.uncovered_keys),
+    fixed when round r ran and no longer lists them. Steps where either result's list may be truncated
+    (sim.MAX_UNCOVERED items) are left out, since a missing key there proves nothing. Returns {steps,
+    fixed_any (% of steps that cover at least one hole), fixed_share (mean % of the state's holes covered),
+    worse (% of steps whose answer did not run)}."""
+    steps = fixed_any = worse = 0
+    shares = []
+    for s in samples:
+        for r in s["rounds"][1:]:
+            if r.get("state_round") is None:
+                continue
+            state = s["rounds"][r["state_round"]]["result"]
+            new = r["result"]
+            if score.is_parse_failure(state) or state.get("overall_pct") is None:
+                continue
+            holes = set(sim.uncovered_keys(state))
+            if not holes or len(state.get("uncovered") or []) >= sim.MAX_UNCOVERED:
+                continue
+            if score.is_parse_failure(new) or new.get("overall_pct") is None:
+                steps, worse = steps + 1, worse + 1
+                shares.append(0.0)
+                continue
+            if len(new.get("uncovered") or []) >= sim.MAX_UNCOVERED:
+                continue
+            fixed = holes - set(sim.uncovered_keys(new))
+            steps += 1
+            fixed_any += bool(fixed)
+            shares.append(len(fixed) / len(holes))
+    pct = lambda k: 100.0 * k / steps if steps else 0.0
+    return {"steps": steps, "fixed_any": pct(fixed_any),
+            "fixed_share": 100.0 * sum(shares) / len(shares) if shares else 0.0, "worse": pct(worse)}
 
 
 def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):
@@ -449,6 +485,10 @@ def summary_lines(metrics):
             lines.append(f"{'':8s} over random ({m['floor_tasks']} tasks with a floor): cov_gain {m['cov_gain']:.1f}  "
                          f"beats random on {m['beats_random']:.1f}%  skill subset ({k['tasks']} tasks): "
                          f"Pass@1 {k['pass@1']:.1f}  Cov@1 {k['cov@1']:.1f}")
+    h = metrics.get("hole_fixes")
+    if h and h["steps"]:
+        lines.append(f"refine   {h['steps']} steps: {h['fixed_any']:.1f}% cover a hole their state left, "
+                     f"{h['fixed_share']:.1f}% of the holes on average; {h['worse']:.1f}% did not run")
     return lines
 
 

@@ -17,6 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import evaluate  # noqa: E402
+
 KEEP = ("pass@1", "pass@1_ci95", "cov@1", "cov@1_ci95", "cov_gain", "cov_gain_ci95", "beats_random", "random_cov",
         "floor_tasks", "syn_pass", "failures")
 
@@ -46,6 +49,12 @@ def from_eval(folder):
     mode = "agentic" if d.get("rounds") and "agentic" in d else "direct"
     obj = metric_object(d[mode], mode, d.get("n"))
     obj["rounds"] = d.get("rounds", 0)
+    samples = Path(folder) / "samples.jsonl"
+    if obj["rounds"] and samples.exists():       # how often a refinement covers a hole its state left, by source
+        rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+        real = [s for s in rows if not s["task_id"].startswith("skill_")]
+        obj["hole_fixes"] = {"all": evaluate.hole_fixes(rows), "real": evaluate.hole_fixes(real),
+                             "synthetic": evaluate.hole_fixes([s for s in rows if s["task_id"].startswith("skill_")])}
     return obj
 
 

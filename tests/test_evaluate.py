@@ -354,3 +354,22 @@ def test_a_prompt_past_the_context_is_a_status_of_its_own():
     assert status[("t_cnt", 0)] != "prompt_too_long" and asked == [2]
     assert metrics["direct"]["failures"]["prompt_too_long"] == 2
     assert onpolicy.result_reward(samples[2]["best"]) == 0.0
+
+
+def test_hole_fixes_counts_refinements_that_cover_what_their_state_left():
+    """Round 1 refines round 0 (holes a, b): it covers a (one of two). Round 2 refines round 1 (hole b) and does
+    not run. Round 3 refines round 0 again and covers nothing. A state that did not run gives no step."""
+    hole = lambda *keys: [{"metric": "block", "instance": "uut", "key": k} for k in keys]
+    ok = lambda *keys: {"status": "ok", "overall_pct": 50.0, "uncovered": hole(*keys)}
+    fail = {"status": "compile_error", "overall_pct": None, "uncovered": []}
+    sample = {"rounds": [{"round": 0, "state_round": None, "result": ok("a", "b")},
+                         {"round": 1, "state_round": 0, "result": ok("b", "c")},
+                         {"round": 2, "state_round": 1, "result": fail},
+                         {"round": 3, "state_round": 0, "result": ok("a", "b")}]}
+    broken = {"rounds": [{"round": 0, "state_round": None, "result": fail},
+                         {"round": 1, "state_round": 0, "result": ok("a")}]}
+    h = evaluate.hole_fixes([sample, broken])
+    assert h["steps"] == 3 and h["worse"] == pytest.approx(100 / 3)
+    assert h["fixed_any"] == pytest.approx(100 / 3)                  # only round 1 covered a hole
+    assert h["fixed_share"] == pytest.approx(100 * (0.5 + 0 + 0) / 3)
+    assert evaluate.hole_fixes([broken]) == {"steps": 0, "fixed_any": 0.0, "fixed_share": 0.0, "worse": 0.0}
