@@ -318,7 +318,7 @@ def main(argv=None):
                    "--deb '' for none)")
     f.add_argument("--python-version", default="3.12", help="the server's Python, for the wheels' tags")
     f.add_argument("--platform", action="append", default=None,
-                   help="pip platform tags, repeatable (default: manylinux 2014-2_28 x86-64 and any)")
+                   help="pip platform tags, repeatable (default: manylinux 2014, 2_17, 2_24, 2_27, 2_28 x86-64 and any; pip matches each exactly)")
     b = sub.add_parser("bundle", help="pack wheels, .debs, a GGUF and a run folder into parts")
     b.add_argument("--out", required=True, help="an empty folder for the parts and MANIFEST.json")
     b.add_argument("--part-size", type=parse_size, default=parse_size("60M"), help="bytes per part: 60M, 2Gi, ...")
@@ -343,7 +343,8 @@ def main(argv=None):
     u.add_argument("--unfinished", action="store_true", help="publish a stage without done.json")
     a = p.parse_args(argv)
     if a.cmd == "fetch":
-        a.platform = a.platform or ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"]
+        a.platform = a.platform or ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+                                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"]
         a.deb = [d for d in a.deb if d] if a.deb is not None else None
     return {"fetch": cmd_fetch, "bundle": cmd_bundle, "setup": cmd_setup, "resume": cmd_resume,
             "publish": cmd_publish}[a.cmd](a) or 0
