@@ -202,6 +202,9 @@ PROFILES = {
                                    # their prompts mostly from them (0 = train on train_tasks alone, as before)
         "rl_easy_share": 0.2,      # with skill_train_tasks: the share of RL / OPD prompts from the other training
                                    # tasks (the easy ones, most of which random stimulus passes)
+        "rl_reward": "task",       # RL / OPD reward: task = 1 + coverage when it runs (the paper's); over_random =
+                                   # 1 + the coverage gained over the task's random floor (the data stage computes
+                                   # the prompts' floors, data/rl_floor.json)
     },
 }
 
@@ -356,7 +359,7 @@ VALUE_CHECKS = {
     "answer_mode": rundir.one_of(*harness.ANSWER_MODES), "gen_batch_size": COUNT,
     "max_tokens_per_micro": (lambda v: v == "auto" or (type(v) is int and v >= 0), "'auto' or a token count >= 0"),
     "train_tasks": COUNT, "val_tasks": COUNT, "real_tasks": COUNT0, "real_val_tasks": COUNT0,
-    "skill_train_tasks": COUNT0, "rl_easy_share": (lambda v: type(v) in (int, float) and 0 <= v < 1, "a share in [0, 1)"),
+    "skill_train_tasks": COUNT0, "rl_reward": rundir.one_of("task", "over_random"), "rl_easy_share": (lambda v: type(v) in (int, float) and 0 <= v < 1, "a share in [0, 1)"),
     "real_max_tokens": COUNT, "eval_limit": COUNT, "eval_max_chars": COUNT,
     "teacher_level": rundir.one_of(*teacher.LEVELS),
     "sft_tries": COUNT, "sft_rounds": COUNT, "stage2_n": COUNT, "sft_limit": COUNT, "sft_epochs": COUNT,
@@ -719,6 +722,9 @@ def data_cmds(c, o, model_path):
         argv = ["python", "chorus_mini.py", "skill-mix", "--data", rel(d), "--easy-share", c["rl_easy_share"],
                 "--seed", c["seed"]]
         cmds.append(Cmd(argv, done=d / "skill_mix.json", fn=lambda: skill_mix(d, c["rl_easy_share"], c["seed"])))
+    if c["rl_reward"] == "over_random":    # every prompt's random floor, for the reward over it
+        cmds.append(Cmd(["python", "data/floor.py", rel(rl_tasks(c, o)), "--out", rel(d / "rl_floor.json"),
+                         "--workers", c["sim_workers"]], done=d / "rl_floor.json"))
     if c["train_val"]:   # the tuning tasks' teacher rows (stage 0 only): sft.py's val/loss, never trained on;
                          # before the training rows, whose done.json (= the stage's) comes last
         cmds.append(Cmd(["python", "data/build_sft.py", "--tasks", rel(tune_tasks(c, o)), "--out", rel(d / "val_sft"),
@@ -792,12 +798,20 @@ def common_train_opts(c, o):
                    val_patience=c["rl_val_patience"]) if c["train_val"] else []), "--resume"]
 
 
+def reward_opts(c, o):
+    """rl.py's and distill.py's reward flags: none for the task reward, else over_random with the prompts' floors."""
+    if c["rl_reward"] == "task":
+        return []
+    return ["--reward", c["rl_reward"], "--floor", rel(o / "data" / "rl_floor.json")]
+
+
 def rl_cmd(c, o, model, k):
     return Cmd([*launch(c, "rl.py"), "--adapter", rel(sft_adapter(c, o, f"sft{k}")), "--tasks", rel(rl_tasks(c, o)),
                 "--out", rel(o / f"rl{k}"),
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
                       lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o),
+                *reward_opts(c, o),
                 *(opts(stop_on_plateau=c["rl_stop_on_plateau"], min_steps=c["rl_min_steps"] or None)
                   if c["train_val"] else [])])
 
@@ -888,7 +902,7 @@ def opd_cmd(c, o, model, variant):
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
                       cursor_start=rl_prompts_used(c)),          # continue on prompts RL has not used
-                *OPD_VARIANTS[variant], *common_train_opts(c, o)])
+                *OPD_VARIANTS[variant], *common_train_opts(c, o), *reward_opts(c, o)])
 
 
 def model_adapters(o, c=None):

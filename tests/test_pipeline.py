@@ -473,6 +473,13 @@ def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path)
     assert value(argv(cm.data2_cmd(on, o, "M")), "--tasks") == str(cm.rel(o / "data/sft_tasks.jsonl"))
     with pytest.raises(SystemExit, match="rl_easy_share"):
         cm.apply_overrides(base, ["rl_easy_share=1"])
+    assert "--reward" not in argv(cm.rl_cmd(on, o, "M", 0))           # the paper's reward by default
+    over = cm.apply_overrides(on, ["rl_reward=over_random"])
+    floor_file = str(cm.rel(o / "data/rl_floor.json"))
+    for cmd in (cm.rl_cmd(over, o, "M", 0), cm.opd_cmd(over, o, "M", "opd_rlfb")):
+        assert value(argv(cmd), "--reward") == "over_random" and value(argv(cmd), "--floor") == floor_file
+    (fl,) = [argv(c) for c in cm.data_cmds(over, o, o / "m") if argv(c)[1] == "data/floor.py"]
+    assert fl[2] == str(cm.rel(o / "data/rl_tasks.jsonl")) and value(fl, "--out") == floor_file
 
     d = tmp_path / "data"
     (d / "skill_train").mkdir(parents=True)
