@@ -42,6 +42,7 @@ from tqdm import tqdm
 import chorus_mini
 import common
 import evaluate
+import report
 from chorus_mini import Cmd, opts, read_json, rel, run_stage
 
 ROOT = Path(__file__).resolve().parent
@@ -55,7 +56,7 @@ MERGE_LAM = {"soup": 1.0, "ties": 1.0, "dare_ties": 1.0, "dare_ties_mean": 0.5, 
 OPD = ["opd", "opd_nogate", "opd_rlfb"]
 BASELINES = {"random": "random", "teacher": "teacher:strong"}   # eval folder -> evaluate.py --model
 MODELS = ["base", *EXPERTS, *MERGE_LAM, *OPD, *BASELINES]
-LABELS = {**chorus_mini.LABELS, "random": "constrained random stimulus (no model)",
+LABELS = {**report.LABELS, "random": "constrained random stimulus (no model)",
           "teacher": "template teacher, strong (no model)"}
 STEPS = ["merge", "eval", "compare", "report"]
 

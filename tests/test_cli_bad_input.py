@@ -214,3 +214,11 @@ def test_every_profile_passes_its_value_checks():
         for key, (ok, what) in cm.VALUE_CHECKS.items():
             assert profile[key] is None or ok(profile[key]), (name, key, profile[key], what)
     assert cm.apply_overrides(cm.PROFILES["smoke"], ["max_tokens_per_micro=auto", "eval_tasks="])["eval_tasks"] == ""
+
+
+def test_report_of_a_missing_run_folder_is_one_line(tmp_path, capsys):
+    import report
+    missing = tmp_path / "nope"
+    code, err = run_cli("report.py", report.main, ["--out", str(missing)], capsys)
+    assert_one_line(code, err, f"report.py: {missing}: no such run folder")
+    assert not missing.exists()

@@ -308,7 +308,7 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     assert cm.main(["run", "--out", str(out), "--from", "compare", *tiny]) == 0
     after = {s: (out / s / "done.json").stat().st_mtime_ns for s in cm.STAGES}
     assert [s for s in cm.STAGES if before[s] != after[s]] == ["compare", "report"]
-    assert [c.split()[2] for c in EXECUTED] == ["compare"] * 6 + ["report"]
+    assert [c.split()[2] for c in EXECUTED[:-1]] == ["compare"] * 6 and EXECUTED[-1].split()[1] == "report.py"
 
 
 @pytest.mark.slow
