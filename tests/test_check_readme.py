@@ -51,6 +51,8 @@ def test_small2_is_the_published_runs_settings():
     profile = chorus_mini.PROFILES["small2"]
     local = {"model", "eval_tasks"}     # the staged GGUF's path (the embedded model) and a copy of the dev set
     local |= {"eval_baselines"}         # newer than the run: baselines evaluated beside the models, no model changes
+    local |= {"rl_easy_share", "rl_reward"}   # newer: the mix is read only with skill_train_tasks > 0 (off here),
+                                              # and rl_reward "task" is the reward the run used
     assert recorded["eval_tasks"] == "runs/dev_tasks.jsonl"     # where data/dev_set.py writes by default
     differ = {k for k in recorded.keys() | profile.keys() if recorded.get(k) != profile.get(k)}
     off = {k for k in profile if k not in recorded and profile[k] in (None, 0, "")}   # newer keys, switched off
