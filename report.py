@@ -119,30 +119,29 @@ def report(out):
                              f"single expert ({e['best_single']}); solved by A not B: {json.dumps(e['solved_by_a_not_b'])}.", ""]
     if experts:
         L += oracle_line(experts)
+    tasks_in = lambda t: (t.get("base", {}).get("agentic") or t.get("base", {}).get("direct") or {}).get("tasks", "?")
+
+    def section(title, intro, pass_col, rows, experts_of_split):
+        """A table section of a split: heading, what it holds, the two-mode table, the experts' oracle union."""
+        head = f"| model | direct Pass@1 | {pass_col} | Cov@1 | SynPass | agentic Pass@1 | {pass_col} | Cov@1 | SynPass |"
+        return [title, "", intro, "", head, "|---" * 9 + "|", *rows, ""] + (
+            oracle_line(experts_of_split) if experts_of_split else [])
     if rows_syn:
         tn = c.get("test_n", 1)
-        L += [f"### Held-out synthetic families ({(table_syn.get('base', {}).get('agentic') or table_syn.get('base', {}).get('direct') or {}).get('tasks', '?')} "
-              f"tasks, n={tn}, {c.get('test_rounds')} refinement round(s); percent)", "",
-              "Designs of the five families no training task comes from (data/designs.py --split val, a seed of their "
-              "own), scored with the kit's Icarus targets: the distribution the stages were trained for, without "
-              "the training designs themselves.", "",
-              f"| model | direct Pass@1 | Pass@{tn} | Cov@1 | SynPass | agentic Pass@1 | Pass@{tn} | Cov@1 | SynPass |",
-              "|---" * 9 + "|", *rows_syn, ""]
-        if experts_syn:
-            L += oracle_line(experts_syn)
+        L += section(f"### Held-out synthetic families ({tasks_in(table_syn)} tasks, n={tn}, {c.get('test_rounds')} "
+                     "refinement round(s); percent)",
+                     "Designs of the five families no training task comes from (data/designs.py --split val, a seed "
+                     "of their own), scored with the kit's Icarus targets: the distribution the stages were trained "
+                     "for, without the training designs themselves.", f"Pass@{tn}", rows_syn, experts_syn)
     if rows_skill:
         skill_rep = read_json(o / "data" / "skill" / "skill_split.json") or {}
-        L += [f"### The skill split ({(table_skill.get('base', {}).get('agentic') or table_skill.get('base', {}).get('direct') or {}).get('tasks', '?')} "
-              f"tasks, n={n}, {c.get('eval_rounds')} refinement rounds; percent)", "",
-              "Tasks random stimulus fails and a known stimulus passes (data/skill.py: "
-              f"{skill_rep.get('real', '?')} real, {skill_rep.get('synthetic', '?')} synthetic; "
-              f"{(skill_rep.get('excluded') or {}).get('items', '?')} unreachable items excluded), each target halfway "
-              "between random's best run and the known stimulus's coverage: Pass@1 here is what a model adds over "
-              "random stimulus (docs/method.md 2.5).", "",
-              f"| model | direct Pass@1 | {pass_n} | Cov@1 | SynPass | agentic Pass@1 | {pass_n} | Cov@1 | SynPass |",
-              "|---" * 9 + "|", *rows_skill, ""]
-        if experts_skill:
-            L += oracle_line(experts_skill)
+        L += section(f"### The skill split ({tasks_in(table_skill)} tasks, n={n}, {c.get('eval_rounds')} refinement "
+                     "rounds; percent)",
+                     "Tasks random stimulus fails and a known stimulus passes (data/skill.py: "
+                     f"{skill_rep.get('real', '?')} real, {skill_rep.get('synthetic', '?')} synthetic; "
+                     f"{(skill_rep.get('excluded') or {}).get('items', '?')} unreachable items excluded), each target "
+                     "halfway between random's best run and the known stimulus's coverage: Pass@1 here is what a "
+                     "model adds over random stimulus (docs/method.md 2.5).", pass_n, rows_skill, experts_skill)
     opd = results.get("opd")
     if opd:
         name = lambda adapter: Path(adapter).parent.name        # OUT/rl1/adapter -> rl1
