@@ -52,6 +52,8 @@ def main(argv=None):
                    "(a dev split), as `evaluate.py eval --floor`")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", required=True)
+    p.add_argument("--metrics-dir", default=None, help="also write DIR/NAME/metrics.json, eval's own file, so "
+                   "`evaluate.py claims DIR` reads the scored answers as it reads eval folders")
     a = p.parse_args(argv)
     tasks = sim.load_tasks(a.tasks)
     floors = floor.load_floor(a.floor) if a.floor else None
@@ -61,6 +63,9 @@ def main(argv=None):
         name = Path(rec["adapter"]).name if rec.get("adapter") else "base"
         m = rows_of(rec, tasks, a.target_mode, a.workers, floor_records=floors)
         d = m["direct"]
+        if a.metrics_dir:
+            (Path(a.metrics_dir) / name).mkdir(parents=True, exist_ok=True)
+            (Path(a.metrics_dir) / name / "metrics.json").write_text(json.dumps(m, indent=1))
         keep = ("pass@1", "pass@1_ci95", "cov@1", "cov@1_ci95", "syn_pass", "failures", "floor_tasks", "cov_gain",
                 "cov_gain_ci95", "beats_random", "random_cov", "skill")
         out[name] = {"answers": Path(path).name, "n": rec.get("n"), "temperature": rec.get("temperature"),

@@ -95,3 +95,18 @@ def test_score_answers_takes_a_floor_for_tasks_that_carry_none(monkeypatch):
     d = score_answers.rows_of(answers, tasks, "cvdp", workers=1, floor_records=records)["direct"]
     assert d["floor_tasks"] == 1 and d["random_cov"] == 42.0
     assert d["per_task"]["lock_a"]["skill"] and d["per_task"]["lock_b"]["random_cov"] is None
+
+
+def test_score_answers_writes_eval_metrics_for_claims(tmp_path, monkeypatch):
+    """--metrics-dir DIR writes DIR/NAME/metrics.json, eval's file: claims reads scored answers as eval folders."""
+    tasks = [make_task("lock_a", "lock3", LOCK), make_task("lock_b", "lock3", LOCK.replace("8'h5a", "8'h5b"))]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    monkeypatch.setattr(score, "score_answers", lambda pairs, **kw: [score.parse_failure("no code")] * len(pairs))
+    (tmp_path / "a.json").write_text(json.dumps({"task_ids": ["lock_a", "lock_b"], "texts": ["", ""], "n": 1,
+                                                 "adapter": "/x/rl1"}))
+    score_answers.main(["--answers", str(tmp_path / "a.json"), "--tasks", str(tmp_path / "t.jsonl"), "--workers", "1",
+                        "--out", str(tmp_path / "rows.json"), "--metrics-dir", str(tmp_path / "ev")])
+    m = json.loads((tmp_path / "ev" / "rl1" / "metrics.json").read_text())
+    assert set(m["direct"]["per_task"]) == {"lock_a", "lock_b"}
+    assert m["direct"]["per_task"]["lock_a"]["pass_rate"] == 0.0
+    assert json.loads((tmp_path / "rows.json").read_text())["rl1"]["pass@1"] == 0.0

@@ -9,7 +9,8 @@
 # ADAPTERS/rl0..rl2, by results/small2_run.md's commands, written under ADAPTERS). Each model's answers come from
 # bench/gpu_memory.py answers (T 0.7, top-p 0.8, $MAX_NEW or 1280 new tokens); LANES processes share the GPU
 # (each keeps to its share of the memory); one scorer follows them on the CPUs (bench/score_answers.py).
-# OUT/answers/SET/MODEL.json are the answers, OUT/rows_SET_MODEL.json the scored rows. A model whose rows exist
+# OUT/answers/SET/MODEL.json are the answers, OUT/rows_SET_MODEL.json the scored rows, OUT/eval_SET/MODEL/metrics.json
+# eval's metrics (for `evaluate.py claims OUT/eval_SET`). A model whose rows exist
 # is skipped, so the same command resumes.
 set -u
 GGUF=${1:?usage: skill_rows.sh GGUF ADAPTERS OUT SETS MODEL...}
@@ -64,7 +65,7 @@ score_all() {   # one scorer: each model's answers as they appear, in order
       until [ -f "$OUT/answers/$name/$m.json" ] || [ -f "$OUT/gen.done" ]; do sleep 2; done
       [ -f "$OUT/answers/$name/$m.json" ] || continue
       "$PY" bench/score_answers.py --answers "$OUT/answers/$name/$m.json" --tasks "$tasks" --target-mode "$mode" \
-        $([ -n "$fl" ] && echo --floor "$fl") --workers "$WORKERS" --out "$OUT/rows_${name}_$m.json" 2>&1 | grep -v "it/s\]$"
+        $([ -n "$fl" ] && echo --floor "$fl") --workers "$WORKERS" --metrics-dir "$OUT/eval_$name" --out "$OUT/rows_${name}_$m.json" 2>&1 | grep -v "it/s\]$"
     done
   done
 }
