@@ -75,6 +75,18 @@ def test_json_keeps_the_earlier_split_rows_once_when_the_split_changes(tmp_path)
     assert json.loads(doc.read_text())["earlier_split"]["models"]["rl1"]["skill"]["pass@1"] == 2.3
 
 
+def test_merge_replaces_only_the_given_rows(tmp_path):
+    doc = tmp_path / "skill_bench.json"
+    doc.write_text(json.dumps({"skill_split": {"tasks": 2}, "models": {
+        "random_1000": {"skill": {"pass@1": 0.0}, "all": {"pass@1": 87.2}}, "rl1": {"skill": {"pass@1": 2.3}}}}))
+    folder = eval_folder(tmp_path, "random_1000", {"a": 1.0, "c": 0.0}, rounds=0)
+    assert skill_table.main(["--eval", f"all:random_1000={folder}", "--json", str(doc), "--merge"]) == 0
+    models = json.loads(doc.read_text())["models"]
+    assert models["rl1"]["skill"]["pass@1"] == 2.3                   # a model not given is kept
+    assert models["random_1000"]["skill"]["pass@1"] == 0.0           # so is a given model's other set
+    assert models["random_1000"]["all"]["pass@1"] == 0.0 and models["random_1000"]["all"]["tasks"] == 2   # replaced
+
+
 def test_bad_specs_are_one_line_errors(tmp_path):
     with pytest.raises(SystemExit, match="SET:NAME=DIR"):
         skill_table.main(["--eval", "random"])
