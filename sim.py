@@ -69,8 +69,8 @@ Known gaps and deviations from docs/coverage.md:
   - The wall-clock timeout depends on the machine's load: a run near its limit passes on a quiet machine and
     times out on a busy one. Each run records its simulation's CPU seconds (timings["sim_cpu"], the shell's
     `times` around vvp); starved_timeout() names a timeout that got less than half its limit in CPU time, and
-    the data builds (teacher.calibrate, build_sft) run those once more alone (simulate_many / score_answers
-    retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause; rl.py and
+    the data builds (teacher.calibrate, build_sft, the random floor) and bench/score_answers.py run those once
+    more alone (simulate_many / score_answers retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause; rl.py and
     distill.py log each step's timeout_rate and starved_timeouts, so a run can see when load cost it rewards.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.

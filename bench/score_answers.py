@@ -6,7 +6,9 @@ Each A.json is `bench/gpu_memory.py answers` output (its task_ids and texts, n p
 the kit's one score path (score.score_answers, stimulus mode), then evaluate.compute_metrics gives Pass@1 / Cov@1 /
 SynPass with their intervals as for `evaluate.py eval --mode direct`, and evaluate.add_floor_metrics the coverage
 over each task's random floor and the skill subset (tasks that carry `random_floor` / `skill`: data/skill.py's
-split). The rows are keyed by the adapter folder's name (`base` without one).
+split). The rows are keyed by the adapter folder's name (`base` without one). A wall-clock timeout the busy machine
+starved of CPU (sim.starved_timeout: a GPU generating beside the scorer, other jobs) runs once more alone, so the
+rows do not depend on the machine's load.
 """
 import argparse
 import json
@@ -26,7 +28,7 @@ def rows_of(answers, tasks, target_mode="icarus", workers=2, seed=0, n_boot=1000
     by_id = {t["id"]: t for t in tasks}
     results = score.score_answers([(by_id[i], text) for i, text in zip(answers["task_ids"], answers["texts"])],
                                   workers=workers, target_mode=target_mode, answer_mode="stimulus",
-                                  desc=Path(answers.get("adapter") or "base").name)
+                                  desc=Path(answers.get("adapter") or "base").name, retry_starved=True)
     seen = {}
     samples = []
     for tid, res in zip(answers["task_ids"], results):

@@ -135,6 +135,36 @@ def test_floor_on_a_design_random_passes_and_one_it_cannot(tmp_path, monkeypatch
     assert floor.floor_of(make_task("t_lock", "lock3", LOCK.replace("5a", "5b")), cache) is None   # RTL changed
 
 
+class _StarvingPool:
+    """A SimPool whose first run comes back as a timeout the busy machine starved of CPU; the rest run for real."""
+    def __init__(self, *a, **kw):
+        self.n = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, job):
+        import concurrent.futures
+        f = concurrent.futures.Future()
+        self.n += 1
+        f.set_result(sim.SimResult(id=job.get("id", ""), status=sim.TIMEOUT, timed_out=True,
+                                   timings={"sim_cpu": 0.2, "sim_limit": 20.0}) if self.n == 1 else sim.simulate(job))
+        return f
+
+
+@pytest.mark.needs_iverilog
+def test_floor_runs_a_starved_timeout_again(monkeypatch):
+    """A wall-clock timeout that got little CPU (a loaded machine) is simulated once more: the floor is the quiet
+    machine's, not 0 coverage for that run."""
+    monkeypatch.setattr(floor.sim, "SimPool", _StarvingPool)
+    got = floor.calibrate_floor(TASKS[:1], ((100, None),), seeds=2, progress=False)[floor.task_key(TASKS[0])]
+    assert [r["status"] for r in got["runs"]] == [sim.OK, sim.OK]
+    assert got["random_pass"] == 1.0 and got["random_cov"] == 100.0
+
+
 @pytest.mark.needs_iverilog
 def test_floor_cli(tmp_path, capsys):
     tasks = write_tasks(tmp_path / "tasks.jsonl", TASKS[:1])

@@ -122,3 +122,17 @@ def test_score_answers_writes_eval_metrics_for_claims(tmp_path, monkeypatch):
     assert set(m["direct"]["per_task"]) == {"lock_a", "lock_b"}
     assert m["direct"]["per_task"]["lock_a"]["pass_rate"] == 0.0
     assert json.loads((tmp_path / "rows.json").read_text())["rl1"]["pass@1"] == 0.0
+
+
+def test_score_answers_runs_starved_timeouts_again(monkeypatch):
+    """The scorer of recorded answers asks score.score_answers to rerun a starved timeout alone (its rows do not
+    depend on the GPU generating beside it)."""
+    seen = {}
+
+    def fake(pairs, **kw):
+        seen.update(kw)
+        return [score.parse_failure("no code")] * len(pairs)
+    monkeypatch.setattr(score, "score_answers", fake)
+    score_answers.rows_of({"task_ids": ["lock_a"], "texts": [""], "n": 1}, [make_task("lock_a", "lock3", LOCK)],
+                          "cvdp", workers=1)
+    assert seen["retry_starved"] is True
