@@ -70,8 +70,9 @@ Known gaps and deviations from docs/coverage.md:
     times out on a busy one. Each run records its simulation's CPU seconds (timings["sim_cpu"], the shell's
     `times` around vvp); starved_timeout() names a timeout that got less than half its limit in CPU time, and
     the data builds (teacher.calibrate, build_sft, the random floor) and bench/score_answers.py run those once
-    more alone (simulate_many / score_answers retry_starved). Training and evaluation score as before: a timeout earns 0 whatever its cause; rl.py and
-    distill.py log each step's timeout_rate and starved_timeouts, so a run can see when load cost it rewards.
+    more alone (rerun_starved; simulate_many / score_answers retry_starved). Training and evaluation score as
+    before: a timeout earns 0 whatever its cause; rl.py and distill.py log each step's timeout_rate and
+    starved_timeouts, so a run can see when load cost it rewards.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
@@ -927,6 +928,12 @@ def starved_timeout(result, timeout_s=None):
     return get("status") == TIMEOUT and cpu is not None and limit is not None and cpu < STARVED_CPU_SHARE * limit
 
 
+def rerun_starved(jobs, results, cfg=None):
+    """results with each starved timeout (starved_timeout) replaced by a second run of its job in this process; call it
+    while no other simulation runs, so the second run gets the CPU the first lacked."""
+    return [simulate(j, cfg) if starved_timeout(r) else r for j, r in zip(jobs, results)]
+
+
 def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=False):
     """Score jobs with `workers` long-lived processes (1 = in this process); results in input order.
     Ends with one summary line on stderr: runs, runs/s and counts per status. retry_starved: a starved timeout
@@ -942,8 +949,7 @@ def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=Fals
             results = pool.map(jobs)
     starved = [i for i, r in enumerate(results) if starved_timeout(r)]     # each result carries its limit
     if retry_starved:
-        for i in starved:
-            results[i] = simulate(jobs[i], cfg)
+        results = rerun_starved(jobs, results, cfg)
     dt = time.perf_counter() - t0
     if verbose:
         counts = {}

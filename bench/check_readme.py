@@ -117,8 +117,8 @@ def skill_baselines(path):
 
 
 def skill_models(path):
-    """The published models' direct Pass@1 range on the current skill split, the best (rl1 expected) with its real-design
-    share, and their range on the reporting split."""
+    """The published models' direct Pass@1 range on the current skill split, the best (rl1 expected) with its
+    real-design share, and their range on the reporting split."""
     m = js(path)["models"]
     trained = [k for k in ("sft0", "rl0", "rl1", "rl2", "opd", "opd_nogate", "opd_rlfb") if k in m]
     skill = {k: m[k]["skill"]["pass@1"] for k in trained}

@@ -10,8 +10,8 @@ direct ones); --rows SET=FILE... reads bench/score_answers.py outputs (direct an
 gained over the task's random floor (cov_gain), the share of tasks above the floor (beats_random), each with its
 95 % bootstrap interval over tasks, and the skill subset's Pass@1 (the tasks whose floor never passes). With --json
 the file's `models` is replaced by these rows (with --merge, each given NAME / SET replaces only its own entry, so
-rows measured on another machine join the baselines already recorded); with --split its `skill_split` becomes that construction, and when the
-task count differs the rows and split it held before move to `earlier_split` (once).
+rows measured on another machine join the baselines already recorded); with --split its `skill_split` becomes that
+construction, and when the task count differs the rows and split it held before move to `earlier_split` (once).
 """
 import argparse
 import json
@@ -100,7 +100,8 @@ def main(argv=None):
     p.add_argument("--eval", nargs="*", default=[], help="SET:NAME=DIR (an evaluate.py eval folder)")
     p.add_argument("--rows", nargs="*", default=[], help="SET=FILE (a bench/score_answers.py output)")
     p.add_argument("--json", default=None, help="skill_bench.json whose `models` these rows replace")
-    p.add_argument("--merge", action="store_true", help="keep the file's other models and sets; replace only those given")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the file's other models and sets; replace only those given")
     p.add_argument("--split", default=None, help="the current split's construction (data/skill.py's skill_split.json "
                    "without its per-task reasons) for the file's `skill_split`")
     a = p.parse_args(argv)

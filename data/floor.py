@@ -193,9 +193,9 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
             for f in [pool.submit(j) for j in jobs]:
                 results.append(f.result())
                 bar.update(1)
-            # A wall-clock timeout the busy machine starved of CPU runs once more while the pool is idle (between
-            # tasks), so the floor does not depend on what else the machine runs (sim.starved_timeout).
-            results = [sim.simulate(j, cfg) if sim.starved_timeout(r) else r for j, r in zip(jobs, results)]
+            # the pool is idle between tasks: a timeout the busy machine starved of CPU runs once more here, so the
+            # floor does not depend on what else the machine runs
+            results = sim.rerun_starved(jobs, results, cfg)
             rows, never = [], None
             for (c, p, s), r in zip(runs, results):
                 ok = r.status == sim.OK and r.overall_pct is not None
