@@ -6,7 +6,8 @@
 # SETS: comma-separated NAME=TASKS.jsonl:N:TARGET_MODE[:FLOOR.json], e.g.
 #   skill=runs/skill/skill_tasks.jsonl:5:icarus,report=runs/skill/report_tasks.jsonl:5:cvdp:runs/skill/report_floor.json
 # MODEL: `base`, a folder under ADAPTERS, or `merges` (soup, TIES, DARE-TIES sum and mean, DELLA of
-# ADAPTERS/rl0..rl2, by results/small2_run.md's commands, written under ADAPTERS). Each model's answers come from
+# ADAPTERS/rl0..rl2, by results/small2_run.md's commands, written under ADAPTERS; MERGE_DEVICE=cuda runs their
+# SVDs on the GPU, which takes seconds where four CPU merges beside a busy scorer take minutes). Each model's answers come from
 # bench/gpu_memory.py answers (T 0.7, top-p 0.8, $MAX_NEW or 1280 new tokens); LANES processes share the GPU
 # (each keeps to its share of the memory); one scorer follows them on the CPUs (bench/score_answers.py).
 # OUT/answers/SET/MODEL.json are the answers, OUT/rows_SET_MODEL.json the scored rows, OUT/eval_SET/MODEL/metrics.json
@@ -29,7 +30,7 @@ for m; do
 done
 
 merges() {   # the five merges of rl0-2, on CPU, as results/small2_run.md publishes them
-  local E="$AD/rl0 $AD/rl1 $AD/rl2" O="--space delta --density 0.5 --seed 42 --device cpu"
+  local E="$AD/rl0 $AD/rl1 $AD/rl2" O="--space delta --density 0.5 --seed 42 --device ${MERGE_DEVICE:-cpu}"
   [ -f "$AD/soup/done" ] || { "$PY" merge.py --method soup --adapters $E --out "$AD/soup" $O --lam 1.0 && touch "$AD/soup/done"; } &
   [ -f "$AD/ties/done" ] || { "$PY" merge.py --method ties --adapters $E --out "$AD/ties" $O --rank 576 --lam 1.0 && touch "$AD/ties/done"; } &
   [ -f "$AD/dare_ties/done" ] || { "$PY" merge.py --method dare_ties --dare-norm sum --adapters $E --out "$AD/dare_ties" $O --rank 576 --lam 1.0 && touch "$AD/dare_ties/done"; } &
