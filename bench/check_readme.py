@@ -128,6 +128,13 @@ def skill_models(path):
             f1(m[best]["skill"]["by_source"]["real"]["pass@1"]), f1(min(alls)), f1(max(alls)))
 
 
+def skill_merges(path):
+    """The five merges' direct Pass@1 range on the current skill split."""
+    m = js(path)["models"]
+    merged = [m[k]["skill"]["pass@1"] for k in ("soup", "ties", "dare_ties", "dare_ties_mean", "della")]
+    return f1(min(merged)), f1(max(merged))
+
+
 def suite(path):
     s = js(path)
     return str(s["tests"]), str(round(s["seconds"])), str(s["cores"])
@@ -176,6 +183,9 @@ FIGURES = [
            "{}-{} % of it (n = 5; the best is {} at {} %, {} % of the real designs, none of the synthetic tasks)"),
     Figure("results/skill_bench.json", lambda p: skill_models(p)[5:],
            "On the reporting split they stay at or below random ({}-{} %, n = 2)"),
+    Figure("results/skill_bench.json", skill_merges, "There the merges of rl0-2 pass {}-{} %:"),
+    Figure("results/skill_bench.json", lambda p: tuple(js(p, "claims", "claims", k, "verdict") for k in "bcd"),
+           "On the skill split the paper's claims come out as (b) {}, (c) {}, (d) {}"),
     Figure("results/suite.json", suite, "{} tests, {} s on {} cores", optional=True),
 ]
 
