@@ -63,3 +63,13 @@ def test_demo_one_task_tiny_model_and_random(tmp_path):
     # resumable: a second run skips both evaluations and only rewrites the report
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("(done: ") == 2, again.stdout[-2000:]
+
+
+def test_missing_published_adapters_stop_with_one_line(tmp_path, capsys):
+    """A sparse clone without results/small2/adapters: the demo names the missing adapters and how to fetch them
+    before it starts anything; the baselines alone need none."""
+    with pytest.raises(SystemExit):
+        demo.main(["--adapters", str(tmp_path), "--models", "soup,opd", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no published adapter rl0, rl1, rl2, opd under" in err and "git sparse-checkout disable" in err
+    assert not (tmp_path / "out").exists()
