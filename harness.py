@@ -62,6 +62,7 @@ import pyslang
 import common
 import instrument
 import sim
+import tbcheck
 
 PERIOD = 10                # main clock period (time units); a combinational step is this long
 # The end-of-time rule is the scorer's, in both answer modes: a run still driving the DUT after
@@ -331,7 +332,7 @@ def check_stimulus(body, harness=None):
     and $deposit; an `end`/`join` that closes the harness's block; pyslang syntax errors; any tree in which
     the harness's `stimulus` block does not end at the harness's own `end` (so nothing lands outside it);
     an instantiation; a declaration that shadows a harness name; and (with the harness) any write into the
-    DUT instance's hierarchy (instrument.dut_writes: assignments, ++/--, output arguments, $readmem*, ...).
+    DUT instance's hierarchy (tbcheck.dut_writes: assignments, ++/--, output arguments, $readmem*, ...).
     Linear in the stimulus: one parse and one walk of the tree."""
     body = body or ""
     h = harness or _bare_harness()
@@ -348,7 +349,7 @@ def _check_stimulus(body, h):
         return f"line 1: the stimulus is longer than {MAX_STIMULUS_BYTES} bytes; write loops, not unrolled code"
     tb, lm = assemble(h, body)
     try:
-        tree, sm = instrument.parse_sv(tb, "tb.sv")
+        tree, sm = tbcheck.parse_sv(tb, "tb.sv")
     except UnicodeError:
         return "line 1: the stimulus is not valid UTF-8 text"
     start = len(h.head.encode())
@@ -356,14 +357,14 @@ def _check_stimulus(body, h):
     main = None
 
     def line(tok):
-        k = lm.stimulus_line(instrument.sv_line(sm, tok))
+        k = lm.stimulus_line(tbcheck.sv_line(sm, tok))
         return k if k is not None else lm.n_lines + 1
 
     def inside(tok):
         return tok.location.buffer == main and start <= tok.location.offset < tail_at
 
     # 1. tokens, in source order (skipped ones included): directives, macros, keywords, begin/end balance
-    toks = list(instrument.walk_tokens(tree.root))
+    toks = list(tbcheck.walk_tokens(tree.root))
     if len(toks) < 2:              # pyslang gave up (e.g. constructs nested too deeply): nothing to score
         engine = pyslang.DiagnosticEngine(sm)
         why = next((engine.formatMessage(d) for d in tree.diagnostics if d.isError()), "it does not parse")
@@ -376,7 +377,7 @@ def _check_stimulus(body, h):
             if d is not None and d.getFirstToken() is not None and inside(d.getFirstToken()):
                 return (f"line {line(d.getFirstToken())}: compiler directives and macros "
                         f"(`{d.getFirstToken().valueText.lstrip('`')}) are not allowed in a stimulus")
-        for t in instrument.skipped_tokens(tok) + [tok]:
+        for t in tbcheck.skipped_tokens(tok) + [tok]:
             if t.location.buffer != main:
                 return f"line {line(t)}: macros are not allowed in a stimulus"
             if inside(t):
@@ -396,12 +397,12 @@ def _check_stimulus(body, h):
                 return (f"line {line(t)}: this `{t.valueText}` has no `begin`/`fork` in the stimulus: "
                         "it would close the harness's block")
     # 2. instantiations (parsed as checker instances inside a block) get their own message
-    nodes = list(instrument.walk(tree.root))
+    nodes = list(tbcheck.walk(tree.root))
     for n in nodes:
         if instrument._kind(n) in ("CheckerInstanceStatement", "HierarchyInstantiation"):
             first = n.getFirstToken()
             if first is not None and inside(first):
-                name = (instrument.name_parts(n.instance.type) or [""])[-1] \
+                name = (tbcheck.name_parts(n.instance.type) or [""])[-1] \
                     if instrument._kind(n) == "CheckerInstanceStatement" else n.type.valueText
                 if h.top and name == h.top:
                     return f"line {line(first)}: do not instantiate {h.top}: the harness already has `{h.inst}`"
@@ -443,9 +444,9 @@ def _check_stimulus(body, h):
     # 6. no write of any kind into the DUT instance
     if h.inst:
         ports = {h.top: [(p["name"], p["dir"]) for p in analyze_ports(h)]}
-        subs = instrument.declared_ports(tree.root, nodes)[0]
-        for node, what in instrument.dut_writes(tree.root, h.inst, subs, ports, nodes):
-            return f"line {line(node.getFirstToken())}: " + instrument.write_message(node, what)
+        subs = tbcheck.declared_ports(tree.root, nodes)[0]
+        for node, what in tbcheck.dut_writes(tree.root, h.inst, subs, ports, nodes):
+            return f"line {line(node.getFirstToken())}: " + tbcheck.write_message(node, what)
     return None
 
 

@@ -9,7 +9,7 @@ How it works (three layers, each testable alone):
      vpi/toggle_cov.c, or per-signal Verilog monitors), and per scope (module body or generate block) a
      `final` block that appends `%m` and the probe bits to a per-run file. Inserted text
      never contains a newline, so file:line in messages is the ORIGINAL file and line. Cached by content hash.
-     `check_testbench` pre-scans the testbench (cached per testbench+DUT+inst hash).
+     `check_testbench` (tbcheck.py) pre-scans the testbench (cached per testbench+DUT+inst hash).
      `build_script`/`bwrap_argv` turn a run into argv lists.
   2. Run (box.py, re-exported here). `run_job_dir` hands the run to this process's persistent sh loop (`_Box`: ONE bubblewrap start
      per process, i.e. per SimPool worker), which runs a tiny script in a subshell in the run's fresh
@@ -109,10 +109,10 @@ from dataclasses import dataclass, field
 
 import pyslang
 
-from instrument import (METRIC_DEF_VERSION, MAX_ERRORS, MAX_TB_BYTES, PRESCAN_CACHE_SIZE,  # noqa: F401
-                        Item, PreparedDUT, PrepareError, Scope, _short, check_testbench, run_defines,
-                        watchdog_source)
+from instrument import (METRIC_DEF_VERSION, MAX_ERRORS, Item, PreparedDUT, PrepareError, Scope,  # noqa: F401
+                        _short, run_defines, watchdog_source)
 import instrument
+from tbcheck import MAX_TB_BYTES, PRESCAN_CACHE_SIZE, check_testbench  # noqa: F401
 from box import (BACKSTOP_EXTRA_S, FSIZE_LIMIT, KILL_AFTER_S, LOG_KEEP_BYTES, NOFILE_LIMIT,  # noqa: F401
                  _BOXES, _BWRAP_STATE, RunOutput, _close_boxes, build_script, bwrap_argv, bwrap_usable,
                  run_job_dir)

@@ -103,9 +103,10 @@ def measure(run, jobs, repeat):
 
 
 def old_sim(commit):
-    """sim.py (and instrument.py when that commit has it) at a commit, imported as a separate module."""
+    """sim.py (and instrument.py, tbcheck.py when that commit has them) at a commit, imported as a separate
+    module."""
     d = Path(tempfile.mkdtemp(prefix="bench_old_sim_"))
-    for name in ("sim.py", "instrument.py", "box.py", "vpi/toggle_cov.c"):
+    for name in ("sim.py", "instrument.py", "tbcheck.py", "box.py", "vpi/toggle_cov.c"):
         p = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=ROOT, capture_output=True)
         if p.returncode == 0:
             (d / name).parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import pytest
 import harness
 import instrument
 import sim
+import tbcheck
 from helpers import COUNTER_RTL, COUNTER_TB_HEAD, DESIGNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,10 +211,10 @@ def test_prescan_walks_every_syntax_kind_of_real_testbenches():
     prepared = sim.prepare_dut(COUNTER_RTL, "counter")
     kinds = set()
     for name, tb in real_testbenches():
-        forbidden, _, _ = instrument._check_testbench(tb, prepared, "uut")
+        forbidden, _, _ = tbcheck._check_testbench(tb, prepared, "uut")
         assert forbidden == [], (name, forbidden)
-        tree, _ = instrument.parse_sv(tb)
-        kinds |= {instrument._kind(n) for n in instrument.walk(tree.root)}
+        tree, _ = tbcheck.parse_sv(tb)
+        kinds |= {instrument._kind(n) for n in tbcheck.walk(tree.root)}
     assert {"ProceduralReleaseStatement", "ProceduralDeassignStatement", "ProceduralForceStatement",
             "ProceduralAssignStatement", "ForeachLoopStatement", "CaseStatement"} <= kinds
 
@@ -248,9 +249,9 @@ def test_fuzz_check_stimulus_and_prescan():
             body = src[a:a + rng.randint(1, 400)]
         why = harness.check_stimulus(body, H)
         assert why is None or why.startswith("line "), why
-        forbidden, hints, diags = instrument._check_testbench(COUNTER_TB_HEAD + body + "\nendmodule\n",
-                                                              prepared, "uut")
+        forbidden, hints, diags = tbcheck._check_testbench(COUNTER_TB_HEAD + body + "\nendmodule\n",
+                                                           prepared, "uut")
         assert isinstance(forbidden, list) and isinstance(diags, list)
         if why is None:       # what the stimulus check lets through, the assembled pre-scan lets through
-            assert instrument._check_testbench(harness.assemble(H, body)[0], prepared, "uut")[0] == [], body
+            assert tbcheck._check_testbench(harness.assemble(H, body)[0], prepared, "uut")[0] == [], body
     assert time.perf_counter() - t0 < 10.0

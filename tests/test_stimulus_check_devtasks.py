@@ -4,7 +4,7 @@ of tests/test_stimulus_check.py, judged by the check and (when the check lets it
 
 Run:    python -m pytest -q tests/test_stimulus_check_devtasks.py
 Record: python tests/test_stimulus_check_devtasks.py --label after --json results/hostile.json
-        (--label before with PYTHONPATH pointing at the older harness/instrument/box/sim files: results/hostile.md)
+        (--label before with PYTHONPATH pointing at the older harness/instrument/tbcheck/box/sim files: results/hostile.md)
 """
 import argparse
 import dataclasses
