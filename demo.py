@@ -245,8 +245,10 @@ def main(argv=None):
         ap.error(f"unknown model(s) {unknown}; models: {','.join(MODELS)}")
     if args.model == "tiny" and (bad := [n for n in names if n not in ("base", *BASELINES)]):
         ap.error(f"--model tiny takes no published adapter: {bad}")
-    needed = [e for e in EXPERTS + OPD if e in names or any(n in MERGE_LAM for n in names) and e in EXPERTS]
-    if missing := [e for e in needed if not (args.adapters / f"{e}_stimulus" / "adapter_config.json").is_file()]:
+    merged = any(n in MERGE_LAM for n in names)              # a merge reads all three experts
+    needed = [e for e in EXPERTS + OPD if e in names or (merged and e in EXPERTS)]
+    if args.from_step in (None, "merge", "eval") and (missing := [
+            e for e in needed if not (args.adapters / f"{e}_stimulus" / "adapter_config.json").is_file()]):
         ap.error(f"no published adapter {', '.join(missing)} under {rel(args.adapters)} (a sparse clone leaves them "
                  "out: `git sparse-checkout disable` fetches them)")
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
