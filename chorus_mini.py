@@ -539,7 +539,8 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
     """Run one stage unless OUT/name/done.json exists; done.json (written last) records the commands,
     the time and the peak memory, merged into what the stage script wrote there itself. needs replaces
     NEEDS[name]; partial: the commands are only part of the stage (eval of some models), so neither
-    result.json nor done.json is written and a later full run does the rest."""
+    result.json nor done.json is written and a later full run does the rest. done.json's seconds sum every call
+    that ran part of the stage (rundir.CALLS_LOG; parallel lanes' subsets add up, so theirs is a sum, not a wall time)."""
     if ctx.only and name not in ctx.only:
         return
     folder, done = ctx.out / name, ctx.out / name / "done.json"
@@ -566,6 +567,7 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         rss.append(peak_rss)
         gpu.append(peak_gpu)
         if rundir.deadline_stopped(folder, code, t_cmd):   # checkpointed and stopped on purpose: later stages wait
+            rundir.log_call(folder, time.time() - t0, "deadline")
             print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
                   f"the same command resumes it", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)
@@ -573,16 +575,19 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
             raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
                              f"re-run by hand from {ROOT.name}/:\n  {cmd}")
     if partial:
+        rundir.log_call(folder, time.time() - t0, "subset")
         print(f"== {name}: {len(commands)} command(s) finished in {time.time() - t0:.0f} s; the stage is not complete "
               "(a subset of it ran): run it again with the full set to finish it")
         return
+    earlier_s, earlier_calls = rundir.earlier_calls(folder)
+    seconds = round(time.time() - t0 + earlier_s, 1)
     if name in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
-        rundir.write_result(folder, {"commands": [str(c) for c in commands]}, {"seconds": round(time.time() - t0, 1)},
+        rundir.write_result(folder, {"commands": [str(c) for c in commands]}, {"seconds": seconds},
                             OUTCOMES[name](folder))
     script = rundir.read_done(folder) or {}        # the stage script's own done.json (one shape: rundir)
     ok = lambda xs: max([x for x in xs if x is not None], default=None)
     record = rundir.write_done(folder, script.get("script", "chorus_mini.py"), script.get("files"), stage=name,
-                               commands=[str(c) for c in commands], seconds=round(time.time() - t0, 1),
+                               commands=[str(c) for c in commands], seconds=seconds, calls=earlier_calls + 1,
                                peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu))
     print(f"== {name}: finished in {record['seconds']:.0f} s")
 

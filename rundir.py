@@ -308,6 +308,23 @@ def write_done(out, script, files=None, **extra):
     return done
 
 
+CALLS_LOG = "calls.jsonl"   # in a stage folder: one line per call that ran part of the stage and stopped
+
+
+def log_call(folder, seconds, why):
+    """Append an unfinished call's time (why: "deadline" or "subset"), so done.json's seconds count every call that
+    worked on the stage, not only the one that finished it (a stage cut at its deadline resumes in a later call)."""
+    with open(Path(folder) / CALLS_LOG, "a") as f:     # one short append per call: lanes may share the file
+        f.write(json.dumps({"seconds": round(seconds, 1), "why": why, "at": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
+def earlier_calls(folder):
+    """(seconds, count) of the calls log_call recorded for this stage folder."""
+    path = Path(folder) / CALLS_LOG
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return sum(r["seconds"] for r in rows), len(rows)
+
+
 def read_done(out):
     path = Path(out) / "done.json"
     return json.loads(path.read_text()) if path.is_file() else None

@@ -234,7 +234,7 @@ def stage_record(folder):
     log = folder / "stdout.log"       # a stage that started and did not finish: its last lines, to diagnose
     tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if (not done and log.is_file()) else None
     return {"status": "done" if done else ("partial" if folder.is_dir() else "missing"), "log_tail": tail,
-            "seconds": done.get("seconds") if done else None,
+            "seconds": done.get("seconds") if done else None, "calls": done.get("calls") if done else None,
             "peak_reserved_gib": top("max_memory_reserved_gib"), "peak_allocated_gib": top("max_memory_allocated_gib"),
             "nvidia_smi_peak_mib": done.get("gpu_mem_peak_mib") if done else None,
             "peak_rss_mib": done.get("peak_rss_mib") if done else None,

@@ -181,6 +181,25 @@ def test_a_deadline_stop_ends_the_run_unfinished_with_its_exit_code(tmp_path, ca
     assert "stage rl0 failed (exit 1)" in str(e.value) and not marker.exists()
 
 
+def test_stage_seconds_count_every_call_that_worked_on_it(tmp_path):
+    """A stage cut at the deadline and resumed, or run as subsets (one model's eval per lane): done.json's seconds
+    are the sum of its calls, and `calls` says how many there were."""
+    ctx = type("Ctx", (), {"out": tmp_path, "only": set()})()
+    nap = lambda s, code=0: cm.Cmd(["python", "-c", f"import time; time.sleep({s}); raise SystemExit({code})"])
+    with pytest.raises(SystemExit):
+        cm.run_stage(ctx, "rl0", [nap(0.6, rundir.EXIT_DEADLINE)], needs=[])
+    cm.run_stage(ctx, "rl0", [nap(0.6)], needs=[], partial=True)      # a subset: no done.json yet
+    assert not (tmp_path / "rl0" / "done.json").exists()
+    cm.run_stage(ctx, "rl0", [nap(0.0)], needs=[])
+    done = json.loads((tmp_path / "rl0" / "done.json").read_text())
+    calls = [json.loads(line) for line in (tmp_path / "rl0" / rundir.CALLS_LOG).read_text().splitlines()]
+    assert [c["why"] for c in calls] == ["deadline", "subset"] and all(c["seconds"] >= 0.6 for c in calls)
+    assert done["calls"] == 3 and done["seconds"] >= 1.2
+    cm.run_stage(ctx, "eval", [nap(0.0)], needs=[])                  # one call: no log, its own time
+    done = json.loads((tmp_path / "eval" / "done.json").read_text())
+    assert done["calls"] == 1 and done["seconds"] < 1.2 and not (tmp_path / "eval" / rundir.CALLS_LOG).exists()
+
+
 def test_only_needs_upstream_stages(tmp_path):
     with pytest.raises(SystemExit) as e:
         cm.main(["run", "--profile", "smoke", "--out", str(tmp_path), "--only", "rl0", "--set", "model=tiny"])
