@@ -4,6 +4,10 @@ GPU (one command; both profiles, see ESTIMATE below):
     CHORUS_GPU_CAP_GIB=24 python bench/bench_pipeline_cap.py --profiles 4b small \\
         --model-small PATH.gguf --eval-tasks runs/dev_tasks.jsonl --out runs/capbench --json results/bench_4b_pipeline.json
     python bench/bench_pipeline_cap.py --render results/bench_4b_pipeline.json      # the section for results/bench.md
+The speedrun (`small` at its own budgets on the whole GPU, then under the cap; a call cut by a time limit is
+resumed by the same command, and each stage's seconds add up over its calls):
+    python bench/bench_pipeline_cap.py --full --profiles small --cap-gib 0 --out runs/speedrun --json results/speedrun.json
+    python bench/bench_pipeline_cap.py --full --profiles small --cap-gib 24 --out runs/speedrun24 --json results/speedrun_cap24.json
 CPU smoke (tests/test_cap.py runs it; the tiny random model, the first stages only):
     python bench/bench_pipeline_cap.py --cpu-smoke --stages data sft0 --out /tmp/capbench --json /tmp/cap.json
 
@@ -77,6 +81,10 @@ BUDGETS = {
 
 def budget_sets(profile, args):
     """The --set list of one profile's run."""
+    if args.full:         # the speedrun: the profile's own budgets; only what the command line names changes
+        sets = {"sim_workers": args.sim_workers} if args.sim_workers else {}
+        sets.update({"eval_tasks": str(Path(args.eval_tasks).resolve())} if args.eval_tasks else {})
+        return [f"{k}={v}" for k, v in sets.items()] + list(args.set)
     if profile == "smoke":
         sets = dict(BUDGETS["smoke"])
     else:
@@ -269,8 +277,11 @@ def collect(run_dir, stages, cap_gib):
 def render_markdown(result):
     hw = result["hardware"]
     cap = hw.get("cap_gib")
-    L = [f"## Every stage under a {cap:g} GiB cap (bench/bench_pipeline_cap.py)" if cap and hw.get("gpu") else
-         "## Every stage, CPU smoke run (no CUDA: no memory peaks)", "",
+    title = (f"## `run` at the profiles' own budgets: every stage's time, {result.get('total_s')} s in all"
+             + (f", under a {cap:g} GiB cap" if cap and hw.get("gpu") else "") if result.get("full") else
+             f"## Every stage under a {cap:g} GiB cap (bench/bench_pipeline_cap.py)" if cap and hw.get("gpu") else
+             "## Every stage, CPU smoke run (no CUDA: no memory peaks)")
+    L = [title, "",
          f"- command: `{result['command']}`", f"- commit {result['git'].get('commit')}"
          + (" (dirty)" if result["git"].get("dirty") else "") + f", {result['started_at']}, wall {result['wall_s']} s",
          f"- hardware: {hw.get('gpu') or 'CPU'}" + (f" ({hw.get('total_gib')} GiB) capped at {cap} GiB by "
@@ -397,6 +408,9 @@ def parse_args(argv=None):
     p.add_argument("--lanes", action="store_true",
                    help="run each profile's stages in bench/gpu/run_small.sh's parallel lanes (less wall time; the "
                         "seconds include the contention, the per-process peaks do not)")
+    p.add_argument("--full", action="store_true",
+                   help="the profiles' own budgets, not the tiny ones (the speedrun: --cap-gib 0 --json results/speedrun.json; "
+                        "total_s sums the stages' seconds, each over every call that ran it)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="the smoke profile with the tiny random model on CPU (tests; no 4B model, no cap)")
     return p.parse_args(argv)
@@ -427,7 +441,9 @@ def main(argv=None):
     stages = chorus_mini.STAGES            # all of them in the JSON; --stages only limits what runs
     result = {"bench": "bench_pipeline_cap", "command": command, "env": {common.GPU_CAP_ENV: os.environ.get(common.GPU_CAP_ENV)},
               "started_at": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), "git": common.git_info(),
-              "hardware": hw, "versions": versions(), "profiles": {}, "notes": [
+              "hardware": hw, "versions": versions(), "profiles": {}, "full": args.full, "notes": [
+                  "the profiles' own budgets: each stage as `chorus_mini.py run --profile P` runs it; a stage's seconds "
+                  "sum every call that worked on it (a stage cut at a call's time limit resumes in the next)" if args.full else
                   "tiny budgets (a few tasks, rows, steps; short responses): the stages' code paths and their peaks "
                   "at these sizes, not a long run's worst case (bench/bench_4b.py measures the 4B steps at 4096 tokens)",
                   "4b: random weights with Qwen3-4B's configuration and SmolLM2's tokenizer (vocabulary "
@@ -479,6 +495,7 @@ def main(argv=None):
         if profile in result["profiles"]:
             result["profiles"][profile]["run"] = {k: result[k] for k in ("command", "started_at", "git", "env")}
     result["wall_s"] = round(time.time() - t_start, 1)
+    result["total_s"] = round(sum(p.get("seconds_total") or 0 for p in result["profiles"].values()), 1)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"[capbench] wrote {args.json}\n")
     print(render_markdown(result), end="")

@@ -286,3 +286,22 @@ def test_gpu_mem_flag_sets_the_cap_for_this_process_and_its_children(monkeypatch
         p.parse_args(["--gpu-mem-gib", "0"])
     with pytest.raises(SystemExit, match="above 0"):
         common.set_gpu_mem(-1)
+
+
+def test_full_keeps_the_profile_budgets_and_sums_every_stage():
+    """--full (the speedrun): no tiny budgets, only what the command line names; the heading carries total_s."""
+    import chorus_mini
+    args = capbench.parse_args(["--full", "--eval-tasks", "x.jsonl", "--set", "rl_steps=7"])
+    sets = capbench.budget_sets("small", args)
+    assert sets == [f"eval_tasks={Path('x.jsonl').resolve()}", "rl_steps=7"]
+    c = chorus_mini.apply_overrides(chorus_mini.PROFILES["small"], sets)
+    assert c["max_new_tokens"] == chorus_mini.PROFILES["small"]["max_new_tokens"] and c["rl_steps"] == 7
+    assert capbench.budget_sets("small", capbench.parse_args(["--full"])) == []
+    stage = {"status": "done", "seconds": 4.0, "peak_reserved_gib": None, "peak_allocated_gib": None,
+             "nvidia_smi_peak_mib": None}
+    md = capbench.render_markdown({"hardware": {"gpu": "H200", "cap_gib": None}, "command": "c", "git": {}, "full": True,
+                                   "started_at": "t", "wall_s": 9, "total_s": 8.0, "profiles": {"small": {
+                                       "model_note": "m", "sets": [], "exit_code": 0, "all_done": True, "seconds_total": 8.0,
+                                       "max_peak_reserved_gib": None, "stages": {"sft0": stage, "rl0": stage}}}})
+    assert md.startswith("## `run` at the profiles' own budgets: every stage's time, 8.0 s in all\n")
+    assert "| rl0 | done | 4.0 |" in md
