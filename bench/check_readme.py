@@ -53,19 +53,43 @@ def f1(x):
     return f"{x:.1f}"
 
 
+SKILL = ROOT / "results/skill_bench.json"
+
+
+def skill_pass(name):
+    """A model's direct Pass@1 on the current skill split, '-' where it has no row (sft1/sft2: not published)."""
+    m = js(SKILL, "models")
+    return f1(m[name]["skill"]["pass@1"]) if name in m else "-"
+
+
 def model_row(label, name):
-    """One row of the headline table: agentic Pass@1 [CI] and Cov@1 on the reporting split, Pass@1 on eval_syn."""
+    """One row of the headline table: agentic Pass@1 [CI] and Cov@1 on the reporting split, Pass@1 on eval_syn,
+    direct Pass@1 on the skill split."""
     def read(path):
         a = js(path, "agentic")
         syn = js(ROOT / S2 / "eval_syn" / name / "metrics.json", "agentic", "pass@1")
-        return f1(a["pass@1"]), f1(a["pass@1_ci95"][0]), f1(a["pass@1_ci95"][1]), f1(a["cov@1"]), f1(syn)
-    return Figure(f"{S2}/eval/{name}/metrics.json", read, f"| {label} | {{}} [{{}}, {{}}] | {{}} | {{}} |")
+        return (f1(a["pass@1"]), f1(a["pass@1_ci95"][0]), f1(a["pass@1_ci95"][1]), f1(a["cov@1"]), f1(syn),
+                skill_pass(name))
+    return Figure(f"{S2}/eval/{name}/metrics.json", read, f"| {label} | {{}} [{{}}, {{}}] | {{}} | {{}} | {{}} |")
+
+
+def baseline_row(label, name, skill_note=""):
+    """A no-model row of the headline table: its run on the 40 tasks (results/small2/baselines) and its skill row."""
+    def read(path):
+        a = js(path, "agentic")
+        return f1(a["pass@1"]), f1(a["pass@1_ci95"][0]), f1(a["pass@1_ci95"][1]), f1(a["cov@1"]), skill_pass(name)
+    return Figure(f"{S2}/baselines/{name}/metrics.json", read,
+                  f"| {label} | {{}} [{{}}, {{}}] | {{}} | - | {{}}{skill_note} |")
 
 
 def oracle(path):
+    """The oracle union of rl0-2: agentic on the reporting split and eval_syn, direct on the skill split (the best
+    expert's mean plus claim (b)'s oracle gain)."""
     dev = js(path, "oracle")
     syn = js(ROOT / S2 / "compare" / "experts_syn.json", "oracle")
-    return f1(dev["pass@1"]), f1(dev["cov@1"]), f1(syn["pass@1"])
+    c = js(SKILL, "claims")
+    skill = c["means"][c["claims"]["b"]["best_expert"]] + c["claims"]["b"]["oracle_minus_best"]["point"]
+    return f1(dev["pass@1"]), f1(dev["cov@1"]), f1(syn["pass@1"]), f1(skill)
 
 
 def verdicts(path):
@@ -142,7 +166,9 @@ def suite(path):
 
 FIGURES = [
     *[model_row(label, name) for label, name in MODELS],
-    Figure(f"{S2}/compare/experts.json", oracle, "| oracle union of rl0-2 | {} | {} | {} |"),
+    Figure(f"{S2}/compare/experts.json", oracle, "| oracle union of rl0-2 | {} | {} | {} | {} |"),
+    baseline_row("*random stimulus, 20k cycles (no model)*", "random_20000"),
+    baseline_row("*template teacher, `long` (no model)*", "teacher_long", " (1 + 3 rounds)"),
     Figure(f"{S2}/report/claims.json", verdicts, "(a) {}, (b) {}, (c) {}, (d) {}"),
     Figure(f"{S2}/compare/experts.json", lambda p: (f1(js(p, "oracle", "solved_pct")),),
            "so the split's ceiling is {} %"),
@@ -183,9 +209,9 @@ FIGURES = [
            "{}-{} % of it (n = 5; the best is {} at {} %, {} % of the real designs, none of the synthetic tasks)"),
     Figure("results/skill_bench.json", lambda p: skill_models(p)[5:],
            "On the reporting split they stay at or below random ({}-{} %, n = 2)"),
-    Figure("results/skill_bench.json", skill_merges, "There the merges of rl0-2 pass {}-{} %:"),
+    Figure("results/skill_bench.json", skill_merges, "On the skill split the merges of rl0-2 pass {}-{} %, so"),
     Figure("results/skill_bench.json", lambda p: tuple(js(p, "claims", "claims", k, "verdict") for k in "bcd"),
-           "On the skill split the paper's claims come out as (b) {}, (c) {}, (d) {}"),
+           "and the paper's claims come out as (b) {}, (c) {}, (d) {} ((a) needs"),
     Figure("results/suite.json", suite, "{} tests, {} s on {} cores", optional=True),
 ]
 
