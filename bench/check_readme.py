@@ -169,6 +169,7 @@ FIGURES = [
     Figure(f"{S2}/compare/experts.json", oracle, "| oracle union of rl0-2 | {} | {} | {} | {} |"),
     baseline_row("*random stimulus, 20k cycles (no model)*", "random_20000"),
     baseline_row("*template teacher, `long` (no model)*", "teacher_long", " (1 + 3 rounds)"),
+    Figure("results/skill_bench.md", md(r"\| \*teacher:long, direct\* \| \d+ x 1 \| ([\d.]+) \["), "(direct: {} %)"),
     Figure(f"{S2}/report/claims.json", verdicts, "(a) {}, (b) {}, (c) {}, (d) {}"),
     Figure(f"{S2}/compare/experts.json", lambda p: (f1(js(p, "oracle", "solved_pct")),),
            "so the split's ceiling is {} %"),
