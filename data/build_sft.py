@@ -33,7 +33,7 @@ testbench-mode rows. Every row names its mode (`answer_mode`); result.json's out
 stimulus bodies of each stage's rows (`distinct_stimuli`: a design-aware teacher gives many).
 
 Flow: tasks (--tasks FILE or --synthetic N) -> optional --decontaminate EVAL.jsonl ... (drops training
-tasks whose RTL is too similar to an eval task's: data.designs.contamination_filter) -> stage 0 ->
+tasks whose RTL is too similar to an eval task's: data.decontam.contamination_filter) -> stage 0 ->
 stage 1 -> optional stage 2. Teacher: the template teacher (default, --level), an OpenAI-compatible
 endpoint (--teacher-url/--teacher-model) or an HF model (--teacher-hf M [--teacher-adapter DIR]).
 
@@ -71,7 +71,8 @@ import harness  # noqa: E402
 import rundir  # noqa: E402
 import sim  # noqa: E402
 from data import teacher as teacher_mod  # noqa: E402
-from data.designs import contamination_filter, generate_tasks  # noqa: E402
+from data.decontam import contamination_filter  # noqa: E402
+from data.designs import generate_tasks  # noqa: E402
 from score import feedback_result, is_parse_failure, result_reward, score_answers  # noqa: E402
 
 MIN_GAIN_PCT = 1.0          # overall coverage must rise by more than 1 point (0.01 as a fraction)
@@ -508,7 +509,7 @@ def main(argv=None):
     src.add_argument("--seed", type=int, default=0, help="synthetic generation, template and sampling seed")
     src.add_argument("--decontaminate", nargs="+", metavar="EVAL.jsonl", default=[],
                      help="eval task files: drop training tasks whose RTL is too similar to any of them "
-                          "(data.designs.contamination_filter: 5-gram or ROUGE-L F1 >= --threshold); "
+                          "(data.decontam.contamination_filter: 5-gram or ROUGE-L F1 >= --threshold); "
                           "the dropped ids go to build_info.json")
     src.add_argument("--threshold", type=float, default=0.5, help="F1 threshold for --decontaminate")
     ap.add_argument("--out", required=True, help="output folder")

@@ -24,7 +24,7 @@ Filters, in this order, each counted per source as reason -> count (pool_stats.j
   too_small/too_large  RTL tokens outside [min_tokens, max_tokens]
   duplicate          same top and same comment/whitespace-stripped text as an earlier design
   contaminated       ROUGE-L or 5-gram F1 >= threshold against any evaluation task
-                     (data.designs.contamination_filter)
+                     (data.decontam.contamination_filter)
   instrument_error / compile_error   sim.prepare_check (the `sim.py prepare` check): sim.py cannot
                      instrument it, or it does not compile alone under Icarus
   teacher_cannot_drive / no_inputs   data.teacher.analyze_dut/template_answer raise TeacherError, or the
@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.p
 
 import common  # noqa: E402
 import sim  # noqa: E402
-from data import designs, teacher  # noqa: E402
+from data import decontam, designs, teacher  # noqa: E402
 
 RTL_EXT = (".v", ".sv", ".vh", ".svh")
 CHARS_PER_TOKEN = 2.5        # characters per SmolLM2 token of Verilog (measured on the shared corpus: 2.50)
@@ -534,7 +534,7 @@ def decontaminate(tasks, eval_tasks, threshold, funnel):
     """2. drop the tasks too close to any evaluation task -> (kept tasks, rows of the dropped ones)."""
     decon = []
     if eval_tasks:
-        _, dropped = designs.contamination_filter(tasks, list(eval_tasks), threshold=threshold)
+        _, dropped = decontam.contamination_filter(tasks, list(eval_tasks), threshold=threshold)
         drop_ids = {d["id"] for d in dropped}
         by_id = {t["id"]: t for t in tasks}
         for d in dropped:
@@ -753,7 +753,7 @@ def write_report(stats_path, results_dir, command="", commit=""):
           f"(dropped): {t['designs_reaching_nothing']}.", "",
           "## Decontamination against the evaluation files", "",
           f"Files: {', '.join(st['decontamination']['eval_files'])}; ROUGE-L / 5-gram F1 >= "
-          f"{st['decontamination']['threshold']} (data.designs.contamination_filter): "
+          f"{st['decontamination']['threshold']} (data.decontam.contamination_filter): "
           f"{st['decontamination']['dropped']} designs dropped.", ""]
     for r in st["decontamination"]["rows"][:40]:
         L.append(f"- `{r['id']}` ~ `{r['eval_id']}` (5-gram F1 {r['ngram_f1']}, ROUGE-L {r['rouge_l_f1']})")

@@ -1,4 +1,4 @@
-"""Tests for data/designs.py (synthetic design families).
+"""Tests for data/designs.py, data/design_families.py and data/decontam.py (synthetic design families).
 
 Run: python -m pytest -q tests/test_designs.py          (about 20-40 s on 2 cores)
      python -m pytest -q tests/test_designs.py -m "not slow"
@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from data import decontam
 from data import designs as D
 
 ROOT = D.os.path.dirname(D.os.path.dirname(D.os.path.abspath(D.__file__)))
@@ -92,15 +93,15 @@ def test_lcs_matches_dynamic_programming():
     for _ in range(200):
         a = [r.choice("abcd") for _ in range(r.randint(0, 30))]
         b = [r.choice("abcd") for _ in range(r.randint(0, 30))]
-        assert D.lcs_length(a, b) == dp(a, b)
-    assert D.rouge_l_f1(list("abc"), list("abc")) == 1.0
+        assert decontam.lcs_length(a, b) == dp(a, b)
+    assert decontam.rouge_l_f1(list("abc"), list("abc")) == 1.0
 
 
 def test_contamination_filter_drops_copies_only():
     train = D.generate_tasks(8, seed=2, split="all")
     evals = [dict(train[0], id="eval_copy"),
              {"id": "eval_other", "rtl_files": [{"name": "x.v", "content": "module m(input a, output y); assign y = ~a; endmodule"}]}]
-    kept, dropped = D.contamination_filter(train, [evals])
+    kept, dropped = decontam.contamination_filter(train, [evals])
     assert [d["id"] for d in dropped] == [train[0]["id"]] and dropped[0]["eval_id"] == "eval_copy"
     assert len(kept) == 7
 
@@ -115,7 +116,7 @@ def test_cli_writes_jsonl(tmp_path):
 
 @pytest.mark.needs_shared
 def test_decontaminate_against_dev_tasks(shared_dir):
-    kept, dropped = D.contamination_filter(D.generate_tasks(30, split="all"), [str(shared_dir / "data" / "dev_tasks.jsonl")])
+    kept, dropped = decontam.contamination_filter(D.generate_tasks(30, split="all"), [str(shared_dir / "data" / "dev_tasks.jsonl")])
     assert len(kept) + len(dropped) == 30 and len(kept) >= 20
 
 
