@@ -37,7 +37,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # kit root: sim.py, data/
 from data.decontam import contamination_filter, rtl_tokens  # noqa: E402
-from data.design_families import FAMILIES, VAL_FAMILIES, header, rng_txt  # noqa: E402
+from data.design_families import FAMILIES, VAL_FAMILIES  # noqa: E402
+from data.rtl_writer import header, rng_txt  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # spec, reference testbench, task row

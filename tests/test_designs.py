@@ -1,4 +1,5 @@
-"""Tests for data/designs.py, data/design_families.py and data/decontam.py (synthetic design families).
+"""Tests for data/designs.py, its families (data/design_families.py, data/datapath_families.py, data/rtl_writer.py)
+and data/decontam.py (synthetic design families).
 
 Run: python -m pytest -q tests/test_designs.py          (about 20-40 s on 2 cores)
      python -m pytest -q tests/test_designs.py -m "not slow"
