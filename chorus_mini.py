@@ -139,6 +139,7 @@ PROFILES = {
         "rl_group": 2,             # G samples per group (paper: 4)
         "rl_rounds": 2,            # groups per prompt: round 1 + worst-state refinement (paper: 2)
         "rl_lr": 2e-5,             # LoRA; paper 1e-6 full FT
+        "rl_temperature": 1.0,     # RL / OPD rollout sampling temperature (paper: 1.0); their log-probs use it too
         "gen_chunk": 1,            # prompts per generate call in rl/distill (simulation of one chunk overlaps the next)
         "rl_max_extra_prompts": None,   # dynamic-sampling refill cap per step (None = rl.py's 2 x prompts)
         "train_sim_timeout": 20.0, # seconds of simulation per RL/OPD rollout (a timeout earns 0); eval keeps sim.py's 20
@@ -160,6 +161,8 @@ PROFILES = {
                                    # validation and keeps each validated adapter; RL/OPD log val/reward and keep
                                    # OUT/best/adapter; the plateau is reported (issue 21's stopping points)
         "train_val_n": 1,          # samples per val task in those validations (direct answers, fixed seed)
+        "train_val_source": "tune",  # the tasks of those validations (SFT pick, RL plateau, OPD best): tune = the
+                                   # tuning tasks (tune_source); skill = the skill validation tasks (skill_val_tasks)
         "sft_val_every": None,     # optimizer steps between SFT validations (None: each epoch's end)
         "sft_pick": "last",        # the adapter an SFT stage hands on (next stage, its RL expert, stage-2 data, eval):
                                    # last = the final one; best = its best validated step (train_val; result.json;
@@ -328,7 +331,9 @@ PROFILES["small2"] = {
 PROFILES["small3"] = {
     **PROFILES["small2"],
     "skill_tasks": 150,
-    "skill_val_tasks": 30,
+    "skill_val_tasks": 60,     # 12 per family: the SFT pick, the RL plateau and the OPD student are chosen on them
+    "train_val_source": "skill",
+    "train_val_n": 2,
     "skill_train_tasks": 300,  # 60 per family, seed + 3000 (the split's are seed, its validation's seed + 2000)
     "rl_easy_share": 0.2,
     "rl_steps": 400,           # a ceiling; at least 150 before a plateau stops an expert
@@ -379,11 +384,12 @@ VALUE_CHECKS = {
     "sft_lr": rundir.above(0), "sft_batch_size": COUNT, "sft_grad_accum": COUNT, "sft_max_len": COUNT,
     "max_new_tokens": COUNT, "rl_profile": rundir.one_of("paper", "small"),        # rl.PROFILES
     "rl_steps": COUNT, "rl_prompts": COUNT, "rl_group": rundir.at_least(2), "rl_rounds": COUNT,
-    "rl_lr": rundir.above(0), "gen_chunk": COUNT, "rl_max_extra_prompts": COUNT0,
+    "rl_lr": rundir.above(0), "rl_temperature": rundir.above(0), "gen_chunk": COUNT, "rl_max_extra_prompts": COUNT0,
     "train_sim_timeout": rundir.above(0), "save_every": COUNT, "merge_space": rundir.one_of("adapter", "delta"),
     "merge_rank": COUNT, "merge_density": (lambda v: 0 < v <= 1, "within (0, 1]"), "tune_n": COUNT,
     "opd_steps": COUNT, "opd_prompts": COUNT, "opd_group": COUNT, "opd_teacher_samples": COUNT,
-    "train_val_n": COUNT, "sft_val_every": COUNT, "sft_pick": rundir.one_of("last", "best"), "rl_val_every": COUNT,
+    "train_val_n": COUNT, "train_val_source": rundir.one_of("tune", "skill"), "sft_val_every": COUNT,
+    "sft_pick": rundir.one_of("last", "best"), "rl_val_every": COUNT,
     "rl_val_patience": COUNT, "rl_min_steps": COUNT0, "tune_source": rundir.one_of("val", "dev"), "tune_limit": COUNT,
     "val_n": COUNT, "val_rounds": COUNT0, "eval_n": COUNT, "eval_rounds": COUNT0, "test_tasks": COUNT0,
     "test_n": COUNT, "test_rounds": COUNT0,
@@ -668,6 +674,15 @@ def tune_tasks(c, o):
     return o / "data" / ("tuning_tasks.jsonl" if c["tune_source"] == "dev" and eval_source(c) else "val_tasks.jsonl")
 
 
+def train_val_tasks(c, o):
+    """The tasks SFT / RL / OPD validate on: the skill validation tasks (train_val_source skill), else the tuning tasks."""
+    if c["train_val_source"] == "skill":
+        if c["skill_val_tasks"] <= 0:
+            raise SystemExit("chorus_mini.py: train_val_source=skill needs skill_val_tasks > 0")
+        return o / "data" / "skill_val" / "skill_tasks.jsonl"
+    return tune_tasks(c, o)
+
+
 def sft_tasks(c, o):
     """The SFT rows' tasks: the training tasks, with the skill training tasks when the profile has them."""
     return o / "data" / ("sft_tasks.jsonl" if c["skill_train_tasks"] > 0 else "train_tasks.jsonl")
@@ -798,7 +813,7 @@ def sft_val_opts(c, o):
     """sft.py's validation (train_val): val/loss on the tuning tasks' teacher rows, the rates on the tuning tasks."""
     if not c["train_val"]:
         return []
-    return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(tune_tasks(c, o)),
+    return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(train_val_tasks(c, o)),
                 val_every=c["sft_val_every"], val_n=c["train_val_n"], val_max_new_tokens=c["max_new_tokens"],
                 answer_mode=c["answer_mode"], target_mode=c["target_mode"], sim_workers=c["sim_workers"],
                 gen_batch_size=c["gen_batch_size"])
@@ -809,10 +824,11 @@ def common_train_opts(c, o):
     return [*opts(max_new_tokens=c["max_new_tokens"], seed=c["seed"], sim_workers=c["sim_workers"],
                   target_mode=c["target_mode"], gen_batch_size=c["gen_batch_size"],
                   max_tokens_per_micro=c["max_tokens_per_micro"], save_every=c["save_every"],
-                  gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"], answer_mode=c["answer_mode"]),
+                  gen_chunk=c["gen_chunk"], sim_timeout=c["train_sim_timeout"], answer_mode=c["answer_mode"],
+                  temperature=c["rl_temperature"]),
             "--gradient-checkpointing" if c["grad_ckpt"] else "--no-gradient-checkpointing",
             *({True: ["--release-fast"], False: ["--no-release-fast"]}.get(c["release_fast"], [])),
-            *(opts(val_tasks=rel(tune_tasks(c, o)), val_every=c["rl_val_every"], val_n=c["train_val_n"],
+            *(opts(val_tasks=rel(train_val_tasks(c, o)), val_every=c["rl_val_every"], val_n=c["train_val_n"],
                    val_patience=c["rl_val_patience"]) if c["train_val"] else []), "--resume"]
 
 

@@ -470,6 +470,27 @@ def test_eval_baselines_are_evaluated_beside_the_models(tmp_path):
         cm.baselines(cm.apply_overrides(c, ["eval_baselines=random,teacher:"]))
 
 
+def test_train_val_source_skill_validates_sft_rl_and_opd_on_the_skill_val_tasks(tmp_path):
+    """train_val_source=skill (small3): SFT's pick, RL's plateau and OPD's best are validated on the skill
+    validation tasks; tune (the default) keeps the tuning tasks; skill without skill_val_tasks is one line."""
+    o = tmp_path
+    value = lambda cmd, flag: str(cmd.argv[cmd.argv.index(flag) + 1])
+    small3 = cm.PROFILES["small3"]
+    skill = str(cm.rel(o / "data/skill_val/skill_tasks.jsonl"))
+    for cmd in (cm.sft_cmd(small3, o, "M", "data/stage0.jsonl"), cm.rl_cmd(small3, o, "M", 1),
+                cm.opd_cmd(small3, o, "M", "opd")):
+        assert value(cmd, "--val-tasks") == skill and value(cmd, "--val-n") == "2"
+    hot = cm.apply_overrides(small3, ["rl_temperature=1.2"])
+    assert value(cm.rl_cmd(hot, o, "M", 0), "--temperature") == value(cm.opd_cmd(hot, o, "M", "opd"), "--temperature") == "1.2"
+    tune = cm.apply_overrides(small3, ["train_val_source=tune"])
+    assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") == str(cm.rel(o / "data/tuning_tasks.jsonl"))
+    assert cm.PROFILES["small"]["train_val_source"] == "tune"
+    with pytest.raises(SystemExit, match="skill_val_tasks > 0"):
+        cm.rl_cmd(cm.apply_overrides(small3, ["skill_val_tasks=0"]), o, "M", 0)
+    with pytest.raises(SystemExit, match="train_val_source"):
+        cm.apply_overrides(small3, ["train_val_source=dev"])
+
+
 def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path):
     """skill_train_tasks > 0: the data stage builds fresh skill-family instances and skill-mix writes sft_tasks
     (every training task + the skill ones) and rl_tasks (the skill ones + easy_share others); build_sft, rl.py and
