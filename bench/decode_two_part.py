@@ -11,8 +11,8 @@ replayed (the mean of --iters replays; on CPU eager calls):
 - today gqa: fastgen._gqa_attention (cuDNN, enable_gqa) over every row's own left-padded cache of
   bucket(P + S) columns with an additive mask: what _decode_step runs now
 - today math: the portable form (two matmuls, fp32 softmax) over the same cache
-- two-part torch: fastgen._two_part_attention_torch (prefix once per group + own suffix, lse merge)
-- two-part triton: fastgen._two_part_attention_triton (CUDA with Triton only)
+- two-part torch: two_part.attention_torch (prefix once per group + own suffix, lse merge)
+- two-part triton: two_part.attention_triton (CUDA with Triton only)
 Every variant's output is compared with today's math form (max |diff| in the JSON). Writes microseconds per
 call and the K/V bytes in the widths each layout attends (bucketed; the Triton kernels read only written columns).
 """
@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fastgen  # noqa: E402
+import two_part  # noqa: E402
 
 
 def timed(fn, device, iters):
@@ -95,12 +96,12 @@ def case(args, device, dt, P, S, res):
     def today_gqa():
         return fastgen._gqa_attention(q[:, :, None], K, V, bias, scale).view(B, hq, d)
 
-    def two_part(fn):
+    def bound(fn):
         return lambda: fn(q, pk, pv, plen, rowof, midx, sk, sv, col, scale)
     variants = [("today math", today_math), ("today gqa", today_gqa),
-                ("two-part torch", two_part(fastgen._two_part_attention_torch))]
-    if device.type == "cuda" and fastgen.triton is not None:
-        variants.append(("two-part triton", two_part(fastgen._two_part_attention_triton)))
+                ("two-part torch", bound(two_part.attention_torch))]
+    if device.type == "cuda" and two_part.triton is not None:
+        variants.append(("two-part triton", bound(two_part.attention_triton)))
     ref = None
     for name, fn in variants:
         key = f"{name} {tag}"
@@ -142,9 +143,9 @@ def main():
     with open(args.out, "w") as f:
         json.dump({"shape": {"groups": args.groups, "group_size": args.group_size, "kv_heads": args.kv_heads,
                              "q_heads": args.q_heads, "head_dim": args.head_dim, "dtype": str(dt)},
-                   "prefix_chunk": fastgen.PREFIX_CHUNK, **res,
+                   "prefix_chunk": two_part.PREFIX_CHUNK, **res,
                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                   "torch": torch.__version__, "triton": getattr(fastgen.triton, "__version__", None),
+                   "torch": torch.__version__, "triton": getattr(two_part.triton, "__version__", None),
                    "command": "python " + " ".join(sys.argv)}, f, indent=1)
     print(f"wrote {args.out}")
 

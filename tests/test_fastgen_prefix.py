@@ -17,13 +17,14 @@ import torch
 
 import common
 import fastgen
+import two_part
 from test_common import MSGS, _randomize_lora, _tokens, one_thread  # noqa: F401 (fixture, shared helpers)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _case(plens, G, S, col, hq=6, hkv=2, d=16, seed=0, dtype=torch.float32, order=None):
-    """Random inputs of _two_part_attention_* for groups of G rows with prefix lengths plens and suffixes
+    """Random inputs of two_part.attention_* for groups of G rows with prefix lengths plens and suffixes
     of S columns (col: last real one), plus one filler row; rows of the groups in `order` (default: group by
     group). -> (args tuple, the plain-attention reference out [B, hq, d] for the group rows)."""
     g = torch.Generator().manual_seed(seed)
@@ -57,7 +58,7 @@ def _case(plens, G, S, col, hq=6, hkv=2, d=16, seed=0, dtype=torch.float32, orde
 ])
 def test_two_part_attention_equals_plain_attention(plens, G, S, col):
     args, ref = _case(plens, G, S, col)
-    out = fastgen._two_part_attention_torch(*args)
+    out = two_part.attention_torch(*args)
     n = len(plens) * G
     assert out.dtype == torch.float32 and out.shape == ref.shape
     torch.testing.assert_close(out[:n], ref[:n], atol=1e-5, rtol=1e-5)
@@ -70,7 +71,7 @@ def test_two_part_attention_rows_in_any_order():
     plens, G = [11, 33, 5], 3
     order = torch.randperm(len(plens) * G, generator=torch.Generator().manual_seed(3)).tolist()
     args, ref = _case(plens, G, 10, 6, order=order)
-    out = fastgen._two_part_attention_torch(*args)
+    out = two_part.attention_torch(*args)
     torch.testing.assert_close(out[:-1], ref[:-1], atol=1e-5, rtol=1e-5)
 
 
@@ -80,14 +81,14 @@ def test_two_part_kernels_under_the_triton_interpreter():
     not exact). Skipped where Triton is not installed."""
     pytest.importorskip("triton")
     code = (
-        "import torch, fastgen, test_fastgen_prefix as t\n"
-        "fastgen.PREFIX_CHUNK = 32\n"
+        "import torch, two_part, test_fastgen_prefix as t\n"
+        "two_part.PREFIX_CHUNK = 32\n"
         "for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):\n"
         "    for plens, G, S, col in (([7, 70, 1], 4, 80, 70), ([40, 9], 2, 8, -1), ([64], 1, 3, 0)):\n"
         "        args, _ = t._case(plens, G, S, col, hq=4, hkv=2, d=16, dtype=dt)\n"
-        "        want = fastgen._two_part_attention_torch(*[a.float() if a.is_floating_point() else a\n"
+        "        want = two_part.attention_torch(*[a.float() if a.is_floating_point() else a\n"
         "                                                   for a in args[:-1]], args[-1])\n"
-        "        got = fastgen._two_part_attention_triton(*args).float()\n"
+        "        got = two_part.attention_triton(*args).float()\n"
         "        assert torch.allclose(got, want, atol=tol, rtol=tol), (dt, plens, (got - want).abs().max())\n"
         "print('ok')\n")
     env = {**os.environ, "TRITON_INTERPRET": "1",
