@@ -491,9 +491,10 @@ def _load_model_and_adapter(name, adapter, quant):
     return model, tok
 
 
-# Checked before any work; rounds 0 would build an empty stage 1 (and 2)
+# Checked before any work. rounds 0 builds stage 0 alone (empty stage 1): chorus_mini's validation rows of the
+# tuning tasks (--rounds 0 --fail-fraction 0)
 RANGES = {"synthetic": rundir.at_least(1), "threshold": rundir.within(0, 1), "n": rundir.at_least(1),
-          "rounds": rundir.at_least(1), "fail_fraction": rundir.within(0, 1), "workers": rundir.at_least(1),
+          "rounds": rundir.at_least(0), "fail_fraction": rundir.within(0, 1), "workers": rundir.at_least(1),
           "teacher_max_new_tokens": rundir.at_least(1), "stage2_n": rundir.at_least(1),
           "stage2_max_new_tokens": rundir.at_least(1), "stage2_temperature": rundir.at_least(0),
           "stage2_top_p": (lambda v: 0 < v <= 1, "within (0, 1]"), "stage2_rounds": rundir.at_least(1),
@@ -515,7 +516,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output folder")
     harness.add_answer_mode_arg(ap, "rows")
     ap.add_argument("--n", type=int, default=2, help="teacher tries per task for stage 0 (best kept)")
-    ap.add_argument("--rounds", type=int, default=2, help="refinement rounds per stage-1 state")
+    ap.add_argument("--rounds", type=int, default=2, help="refinement rounds per stage-1 state (0: stage 0 only)")
     ap.add_argument("--fail-fraction", type=float, default=0.3, help="designs that also get a broken state")
     ap.add_argument("--workers", type=int, default=None, help="simulator processes (default: cores)")
     ap.add_argument("--quant", default="auto", help="precision for the HF models below (common.resolve_quant)")

@@ -377,3 +377,22 @@ def test_a_skill_task_s_known_stimulus_is_its_stage0_row_where_the_template_fail
     body = " ".join(row["messages"][-1]["content"].split())
     assert " ".join(t["known_stimulus"].split()) in body
     assert row["reward_after"] == pytest.approx(2.0)        # the known stimulus covers everything
+
+
+@pytest.mark.needs_iverilog
+def test_the_pipelines_validation_rows_build_stage_0_alone(tmp_path):
+    """chorus_mini's data stage builds the tuning tasks' validation rows with --rounds 0 --fail-fraction 0
+    (train_val profiles): build_sft takes that command as emitted and writes stage-0 rows; stage 1 adds none."""
+    import chorus_mini as cm
+    (tmp_path / "data").mkdir()
+    tasks = generate_tasks(2, 0, "train", families=["parity", "decoder"])
+    (tmp_path / "data" / "tuning_tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    c = cm.apply_overrides(cm.PROFILES["small3"], ["sim_workers=1", "eval_tasks=", "tune_source=val"])
+    (cmd,) = [x for x in cm.data_cmds(c, tmp_path, tmp_path / "m") if "val_sft" in str(x.argv)]
+    argv = [str(a) for a in cmd.argv[2:]]
+    argv[argv.index("--tasks") + 1] = str(tmp_path / "data" / "tuning_tasks.jsonl")
+    assert argv[argv.index("--rounds") + 1] == "0"
+    build_sft.main(argv)
+    out = tmp_path / "data" / "val_sft"
+    assert len((out / "stage0.jsonl").read_text().splitlines()) == 2
+    assert (out / "stage1.jsonl").read_text() == (out / "stage0.jsonl").read_text() and (out / "done.json").is_file()
