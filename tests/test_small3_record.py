@@ -1,0 +1,61 @@
+"""bench/small3_record.py: the round-3 record's numbers come from the kept state (a synthetic one here): data counts
+from data.tgz, sft0's validation table, each pilot arm's validation rows, step medians (from step 2) and wall time."""
+import importlib.util
+import io
+import json
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("small3_record", ROOT / "bench" / "small3_record.py")
+small3_record = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(small3_record)
+
+
+def _write(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in obj) if isinstance(obj, list) else json.dumps(obj)
+    path.write_text(text)
+
+
+def _state(tmp_path):
+    s = tmp_path / "state"
+    split = lambda n: {"tasks": n, "real": 0, "synthetic": n, "funnel": {}, "seconds": 1.0}      # noqa: E731
+    files = {"mix.json": {"train_real": 3, "train_synthetic": 2, "licenses": {"MIT": 3}},
+             "skill_mix.json": {"rl_tasks": 3}, "skill/skill_split.json": split(4), "skill_val/skill_split.json": split(2),
+             "skill_train/skill_split.json": split(3),
+             "build_info.json": {"sizes": {"stage0": 5}, "sizes_by_kind": {}, "seconds": {"total": 9.0}},
+             "rl_floor.json": {"tasks": {"a": {"random_pass": False, "random_cov": 40.0},
+                                         "b": {"random_pass": True, "random_cov": 100.0}, "c": {"error": "x"}}}}
+    s.mkdir(parents=True)
+    with tarfile.open(s / "data.tgz", "w:gz") as tar:
+        for name, obj in files.items():
+            data = json.dumps(obj).encode()
+            info = tarfile.TarInfo(f"data/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    _write(s / "sft0/result.json", {"outcome": {"time_s": 12.5, "steps_done": 4, "val_best_adapter": "val_ckpt/x"},
+                                    "setup": {"rows_used": 5}})
+    (s / "sft0/done.json").write_text("{}")
+    _write(s / "sft0/log.jsonl", [{"step": 1, "loss": 1.0}, {"step": 4, "val": 1, "val/pass@1": 50.0, "val/reward": 1.5}])
+    for folder, ent in (("rl0", 0.1), ("r/rl0", 0.3)):
+        _write(s / folder / "log.jsonl", [{"step": 1, "entropy": 9.0, "t_gen": 99.0}, {"step": 2, "entropy": ent, "t_gen": 2.0},
+                                          {"step": 3, "entropy": ent, "t_gen": 4.0},
+                                          {"step": 3, "val": 1, "val/pass@1": 25.0, "val/reward": 1.25}])
+        _write(s / folder / "calls.jsonl", [{"seconds": 10.0}, {"seconds": 5.5}])
+    return s
+
+
+def test_the_record_reads_the_state(tmp_path):
+    out = tmp_path / "rec.json"
+    small3_record.main(["--state", str(_state(tmp_path)), "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["data"]["rl_floor"] == {"tasks": 2, "random_fails": 1, "mean_random_cov": 70.0}
+    assert rec["data"]["mix"] == {"train_real": 3, "train_synthetic": 2}
+    assert rec["data"]["skill_split"]["skill_train"]["tasks"] == 3
+    sft0 = rec["stages"]["sft0"]
+    assert sft0["done"] and sft0["steps"] == 4 and sft0["val"] == [{"step": 4, "val/reward": 1.5, "val/pass@1": 50.0}]
+    task, over = rec["pilot"]["task"], rec["pilot"]["over_random"]
+    assert task["entropy_median"] == 0.1 and over["entropy_median"] == 0.3      # step 1 is left out of the medians
+    assert task["t_gen_median"] == 3.0 and task["steps"] == 3 and task["wall_s"] == 15.5
+    assert over["val"] == [{"step": 3, "val/reward": 1.25, "val/pass@1": 25.0}]
