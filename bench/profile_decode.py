@@ -34,7 +34,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def load_decoder(path):
-    """Import `fastgen` from path (another version of the decoder) before anything else imports it."""
+    """Import `fastgen` from path (another version of the decoder) before anything else imports it. Its
+    two_part import finds a two_part.py beside it first, else this checkout's."""
+    sys.path[:0] = [os.path.dirname(os.path.abspath(path)), ROOT]
     spec = importlib.util.spec_from_file_location("fastgen", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["fastgen"] = mod

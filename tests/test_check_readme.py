@@ -53,8 +53,10 @@ def test_small2_is_the_published_runs_settings():
     local |= {"eval_baselines"}         # newer than the run: baselines evaluated beside the models, no model changes
     local |= {"rl_easy_share", "rl_reward"}   # newer: the mix is read only with skill_train_tasks > 0 (off here),
                                               # and rl_reward "task" is the reward the run used
+    local |= {"rl_temperature", "train_val_source"}   # newer: 1.0 and the tuning tasks, what the run used
     assert recorded["eval_tasks"] == "runs/dev_tasks.jsonl"     # where data/dev_set.py writes by default
     differ = {k for k in recorded.keys() | profile.keys() if recorded.get(k) != profile.get(k)}
     off = {k for k in profile if k not in recorded and profile[k] in (None, 0, "")}   # newer keys, switched off
     assert differ <= local | off, differ
+    assert (profile["rl_temperature"], profile["train_val_source"]) == (1.0, "tune")
     assert "--profile small2" in check_readme.README.read_text()

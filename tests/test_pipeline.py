@@ -483,7 +483,8 @@ def test_train_val_source_skill_validates_sft_rl_and_opd_on_the_skill_val_tasks(
     hot = cm.apply_overrides(small3, ["rl_temperature=1.2"])
     assert value(cm.rl_cmd(hot, o, "M", 0), "--temperature") == value(cm.opd_cmd(hot, o, "M", "opd"), "--temperature") == "1.2"
     tune = cm.apply_overrides(small3, ["train_val_source=tune"])
-    assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") == str(cm.rel(o / "data/tuning_tasks.jsonl"))
+    assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") == str(cm.rel(cm.tune_tasks(tune, o)))    # tuning or val
+    assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") != skill
     assert cm.PROFILES["small"]["train_val_source"] == "tune"
     with pytest.raises(SystemExit, match="skill_val_tasks > 0"):
         cm.rl_cmd(cm.apply_overrides(small3, ["skill_val_tasks=0"]), o, "M", 0)
