@@ -156,7 +156,8 @@ PROFILES = {
         "opd_prompts": 1,          # prompts per step (authors' final script: 4)
         "opd_group": 2,            # G student samples per group (paper: 4)
         "opd_teacher_samples": 1,  # rollouts per teacher and group (final script: 1)
-        # validation during training (sft.py / rl.py / distill.py --val-*), on the tuning tasks (tune_source)
+        # validation during training (sft.py / rl.py / distill.py --val-*), on the tuning tasks (tune_source) or
+        # the skill validation tasks (train_val_source)
         "train_val": False,        # on: SFT logs val/loss (teacher rows of the val tasks) and val/syn_pass per
                                    # validation and keeps each validated adapter; RL/OPD log val/reward and keep
                                    # OUT/best/adapter; the plateau is reported (issue 21's stopping points)
@@ -172,7 +173,8 @@ PROFILES = {
         "rl_stop_on_plateau": False,  # end an RL run at its plateau (its steps are then a maximum); OPD's three
                                    # variants keep one budget
         "rl_min_steps": 0,         # ... but never before this step (issue 21: experts train >= 100 steps)
-        "tune_source": "val",      # the tasks every choice is made on (validation during training, the OPD student,
+        "tune_source": "val",      # the tasks choices are made on (validation during training unless train_val_source
+                                   # is skill, the SFT val/loss rows, the OPD student without skill_val_tasks, the
                                    # merge lambdas): val = data/val_tasks.jsonl; dev = the eval file's fixed tuning
                                    # split (evaluate.split_tasks: 30 % of ids, never reported; <= eval_max_chars,
                                    # at most tune_limit tasks) -> data/tuning_tasks.jsonl
@@ -326,8 +328,8 @@ PROFILES["small2"] = {
 # Round 3 (results/skill_bench.md): the small2 run retargeted at skill. The skill split scores and validates; fresh
 # skill-family instances (their known stimuli in SFT) and the split's training pool designs make 80 % of the RL /
 # OPD prompts. Real skill designs need the design pool: build it as results/skill_bench.md says and add
-# --set skill_pool=runs/pool/pool.jsonl. rl_reward stays the paper's until both rewards are measured on the tuning
-# split.
+# --set skill_pool=runs/pool/pool.jsonl. rl_reward stays the paper's until the two rewards separate on the skill
+# validation tasks (results/small3_run.md: inconclusive after 30 steps). The merge lambdas stay on the tuning tasks.
 PROFILES["small3"] = {
     **PROFILES["small2"],
     "skill_tasks": 150,
@@ -810,7 +812,8 @@ def sft_cmd(c, o, model, data, init=None, name="sft0"):
 
 
 def sft_val_opts(c, o):
-    """sft.py's validation (train_val): val/loss on the tuning tasks' teacher rows, the rates on the tuning tasks."""
+    """sft.py's validation (train_val): val/loss on the tuning tasks' teacher rows (data/val_sft), the rates on
+    train_val_tasks (the tuning tasks, or the skill validation tasks)."""
     if not c["train_val"]:
         return []
     return opts(val_data=rel(o / "data/val_sft/stage0.jsonl"), val_tasks=rel(train_val_tasks(c, o)),
@@ -980,6 +983,8 @@ def cmd_run(args):
             raise SystemExit(f"chorus_mini.py: gpu_share: {e}") from None
         os.environ[common.GPU_SHARE_ENV] = str(c["gpu_share"])
     baselines(c)                # a bad eval_baselines: one line now, not after training
+    if c["train_val"] and c["train_val_source"] == "skill" and c["skill_val_tasks"] <= 0:
+        raise SystemExit("chorus_mini.py: train_val_source=skill needs skill_val_tasks > 0")   # before the data stage
     o = Path(args.out or ROOT / "runs" / args.profile).resolve()
     model = rel(o / "data/tiny_model") if c["model"] == "tiny" else c["model"]
     ctx = argparse.Namespace(out=o, only=set(args.only or []))

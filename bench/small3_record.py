@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VAL_KEYS = ("val/reward", "val/reward_se", "val/pass@1", "val/cov@1", "val/syn_pass", "val/loss")
 STEP_KEYS = ("reward", "pass_rate", "coverage", "compile_rate", "entropy", "clip_ratio/low", "clip_ratio/high",
-             "frac_reward_zero_std", "completions/mean_length", "t_gen", "t_train", "t_sim")
+             "ratio", "frac_reward_zero_std", "completions/mean_length", "t_rollout", "t_gen", "t_train", "t_sim")
 
 
 def rows(path):
@@ -21,7 +21,7 @@ def rows(path):
 
 
 def val_table(log):
-    return [{"step": r["step"], **{k: round(r[k], 4) for k in VAL_KEYS if r.get(k) is not None}}
+    return [{"step": r["step"], **{k: round(r[k], 6) for k in VAL_KEYS if r.get(k) is not None}}
             for r in rows(log) if r.get("val")]
 
 
@@ -32,7 +32,10 @@ def step_stats(log):
     for k in STEP_KEYS:
         v = [r[k] for r in train if r.get(k) is not None]
         if v:
-            out[k + "_median"] = round(statistics.median(v), 4)
+            out[k + "_median"] = round(statistics.median(v), 6)
+    calls = rows(Path(log).with_name("calls.jsonl"))
+    out["wall_s"] = round(sum(c["seconds"] for c in calls), 1)
+    out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] else None
     return out
 
 
@@ -41,22 +44,20 @@ def data_counts(state):
         read = lambda name: json.load(tar.extractfile(f"data/{name}"))             # noqa: E731
         split = {k: read(f"{k}/skill_split.json") for k in ("skill", "skill_val", "skill_train")}
         build = read("build_info.json")
-        ok = [f for f in read("rl_floor.json")["tasks"].values() if "error" not in f]
+        floors = read("rl_floor.json")["tasks"].values()
+        ok = [f for f in floors if "error" not in f]
         return {"mix": {k: v for k, v in read("mix.json").items() if k != "licenses"},
                 "skill_mix": read("skill_mix.json"),
                 "skill_split": {k: {"tasks": s["tasks"], "real": s["real"], "synthetic": s["synthetic"],
                                     "funnel": s["funnel"], "seconds": s["seconds"]} for k, s in split.items()},
                 "sft_rows": build["sizes"], "sft_rows_by_kind": build["sizes_by_kind"], "build_sft_s": build["seconds"],
-                "rl_floor": {"tasks": len(ok), "random_fails": sum(not f["random_pass"] for f in ok),
+                "rl_floor": {"tasks": len(ok), "errors": len(floors) - len(ok), "random_fails": sum(not f["random_pass"] for f in ok),
                              "mean_random_cov": round(statistics.mean(f["random_cov"] for f in ok), 2)}}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--state", default=str(ROOT / "results/small3/state"))
-    ap.add_argument("--out", default=str(ROOT / "results/small3_run.json"))
-    a = ap.parse_args(argv)
-    state = Path(a.state)
+def record(state):
+    """The record's dict from a kept state folder."""
+    state = Path(state)
     rec = {"status": "in progress", "data": data_counts(state), "stages": {}, "pilot": {}}
     sft0 = json.loads((state / "sft0/result.json").read_text())
     rec["stages"]["sft0"] = {"done": (state / "sft0/done.json").is_file(), "train_s": sft0["outcome"]["time_s"],
@@ -64,10 +65,16 @@ def main(argv=None):
                              "rows_used": sft0["setup"]["rows_used"], "val": val_table(state / "sft0/log.jsonl")}
     for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
         log = state / folder / "log.jsonl"
-        calls = rows(state / folder / "calls.jsonl")
-        rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log),
-                             "wall_s": round(sum(c["seconds"] for c in calls), 1)}
-    Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+        rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state", default=str(ROOT / "results/small3/state"))
+    ap.add_argument("--out", default=str(ROOT / "results/small3_run.json"))
+    a = ap.parse_args(argv)
+    Path(a.out).write_text(json.dumps(record(a.state), indent=1) + "\n")
     print(f"wrote {a.out}")
 
 

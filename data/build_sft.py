@@ -314,8 +314,10 @@ def build_refine_rows(state_pairs, teacher, stage, score_fn=None, workers=None, 
 
 def build_stage1(tasks, teacher, stage0_rows, score_fn=None, workers=None, seed=0, fail_fraction=0.3, rounds=2,
                  answer_mode="testbench"):
-    """Stage 0 rows + refinement rows from the template state policy (weak and broken testbenches)."""
-    pairs = state_policy_runs(tasks, fail_fraction=fail_fraction, seed=seed, answer_mode=answer_mode)
+    """Stage 0 rows + refinement rows from the template state policy (weak and broken testbenches); rounds 0:
+    no state is run (nothing would refine it)."""
+    pairs = [] if rounds == 0 else state_policy_runs(tasks, fail_fraction=fail_fraction, seed=seed,
+                                                     answer_mode=answer_mode)
     rows, stats = build_refine_rows(pairs, teacher, 1, score_fn, workers, rounds, answer_mode)
     return stage0_rows + rows, stats
 
@@ -491,8 +493,8 @@ def _load_model_and_adapter(name, adapter, quant):
     return model, tok
 
 
-# Checked before any work. rounds 0 builds stage 0 alone (empty stage 1): chorus_mini's validation rows of the
-# tuning tasks (--rounds 0 --fail-fraction 0)
+# Checked before any work. rounds 0 builds stage 0 alone (stage 1 adds no row to it): chorus_mini's validation rows
+# of the tuning tasks (--rounds 0 --fail-fraction 0)
 RANGES = {"synthetic": rundir.at_least(1), "threshold": rundir.within(0, 1), "n": rundir.at_least(1),
           "rounds": rundir.at_least(0), "fail_fraction": rundir.within(0, 1), "workers": rundir.at_least(1),
           "teacher_max_new_tokens": rundir.at_least(1), "stage2_n": rundir.at_least(1),
@@ -543,6 +545,8 @@ def main(argv=None):
                     "--tasks and settings (its stage0/1.jsonl and build_info.json) instead of rebuilding them")
     args = ap.parse_args(argv)
     rundir.check_options("build_sft.py", args, RANGES)
+    if args.stage2_model and (args.rounds if args.stage2_rounds is None else args.stage2_rounds) == 0:
+        raise SystemExit("build_sft.py: --stage2-model with --rounds 0 refines nothing: give --stage2-rounds >= 1")
     print(f"build_sft.py: answer mode {args.answer_mode}")
     if bool(args.tasks) == bool(args.synthetic):
         ap.error("give exactly one of --tasks FILE or --synthetic N")

@@ -149,6 +149,8 @@ RANGE_CASES = [
     ("eval", ["--sim-workers", "0"], "evaluate.py eval: --sim-workers must be at least 1, got 0"),
     ("build_sft", ["--synthetic", "0"], "build_sft.py: --synthetic must be at least 1, got 0"),
     ("build_sft", ["--rounds", "-1"], "build_sft.py: --rounds must be at least 0, got -1"),
+    ("build_sft", ["--rounds", "0", "--stage2-model", "m"],
+     "build_sft.py: --stage2-model with --rounds 0 refines nothing: give --stage2-rounds >= 1"),
     ("build_sft", ["--fail-fraction", "2"], "build_sft.py: --fail-fraction must be within 0..1, got 2.0"),
 ]
 

@@ -490,6 +490,9 @@ def test_train_val_source_skill_validates_sft_rl_and_opd_on_the_skill_val_tasks(
         cm.rl_cmd(cm.apply_overrides(small3, ["skill_val_tasks=0"]), o, "M", 0)
     with pytest.raises(SystemExit, match="train_val_source"):
         cm.apply_overrides(small3, ["train_val_source=dev"])
+    with pytest.raises(SystemExit, match="skill_val_tasks > 0"):       # refused before the data stage runs
+        cm.main(["run", "--profile", "small3", "--set", "skill_val_tasks=0", "--out", str(o / "run"), "--only", "data"])
+    assert not (o / "run" / "data").exists()
 
 
 def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path):

@@ -6,6 +6,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("small3_record", ROOT / "bench" / "small3_record.py")
 small3_record = importlib.util.module_from_spec(spec)
@@ -50,7 +52,7 @@ def test_the_record_reads_the_state(tmp_path):
     out = tmp_path / "rec.json"
     small3_record.main(["--state", str(_state(tmp_path)), "--out", str(out)])
     rec = json.loads(out.read_text())
-    assert rec["data"]["rl_floor"] == {"tasks": 2, "random_fails": 1, "mean_random_cov": 70.0}
+    assert rec["data"]["rl_floor"] == {"tasks": 2, "errors": 1, "random_fails": 1, "mean_random_cov": 70.0}
     assert rec["data"]["mix"] == {"train_real": 3, "train_synthetic": 2}
     assert rec["data"]["skill_split"]["skill_train"]["tasks"] == 3
     sft0 = rec["stages"]["sft0"]
@@ -58,4 +60,15 @@ def test_the_record_reads_the_state(tmp_path):
     task, over = rec["pilot"]["task"], rec["pilot"]["over_random"]
     assert task["entropy_median"] == 0.1 and over["entropy_median"] == 0.3      # step 1 is left out of the medians
     assert task["t_gen_median"] == 3.0 and task["steps"] == 3 and task["wall_s"] == 15.5
+    assert task["wall_s_per_step"] == round(15.5 / 3, 2)
     assert over["val"] == [{"step": 3, "val/reward": 1.25, "val/pass@1": 25.0}]
+
+
+STATE = ROOT / "results" / "small3" / "state"
+
+
+@pytest.mark.skipif(not (STATE / "data.tgz").is_file(), reason="results/small3/state is not in this checkout "
+                    "(a light clone leaves it out)")
+def test_the_committed_record_is_the_kept_states():
+    """results/small3_run.json is what the script makes of results/small3/state today: no figure edited by hand."""
+    assert json.loads((ROOT / "results" / "small3_run.json").read_text()) == small3_record.record(STATE)
