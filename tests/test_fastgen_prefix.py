@@ -80,7 +80,15 @@ def test_two_part_kernels_under_the_triton_interpreter():
     torch form, run by Triton's CPU interpreter in a subprocess (fp32 and fp16; the interpreter's bf16 dot is
     not exact). Skipped where Triton is not installed."""
     pytest.importorskip("triton")
+    # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with int(array), which
+    # NumPy 2.4 refuses (triton-lang/triton#9171, fixed upstream by squeezing first); the shim does the same here
     code = (
+        "import numpy, triton.runtime.interpreter as interp\n"
+        "_patch = interp._patch_lang_tensor\n"
+        "def _squeezed(tensor, scope):\n"
+        "    _patch(tensor, scope)\n"
+        "    scope.set_attr(tensor, '__index__', lambda self: int(numpy.asarray(self.handle.data).reshape(-1)[0]))\n"
+        "interp._patch_lang_tensor = _squeezed\n"
         "import torch, two_part, test_fastgen_prefix as t\n"
         "two_part.PREFIX_CHUNK = 32\n"
         "for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):\n"
