@@ -301,37 +301,22 @@ def failure_breakdown(results):
 
 def hole_fixes(samples):
     """How often a refinement covers what the state it was shown left uncovered. A step is a round r >= 1 whose
-    state (round `state_round`) ran with coverage; its holes are the state's uncovered item keys (sim.uncovered_keys),
-    fixed when round r ran and no longer lists them. Steps where either result's list may be truncated
-    (sim.MAX_UNCOVERED items) are left out, since a missing key there proves nothing. Returns {steps,
-    fixed_any (% of steps that cover at least one hole), fixed_share (mean % of the state's holes covered),
-    worse (% of steps whose answer did not run)}."""
-    steps = fixed_any = worse = 0
-    shares = []
+    state (round `state_round`) ran with coverage and listed its holes in full (score.hole_fix: the rule for what
+    counts). Returns {steps, fixed_any (% of steps that cover at least one hole), fixed_share (mean % of the
+    state's holes covered), worse (% of steps whose answer did not run)}."""
+    shares, ran = [], []
     for s in samples:
         for r in s["rounds"][1:]:
             if r.get("state_round") is None:
                 continue
-            state = s["rounds"][r["state_round"]]["result"]
-            new = r["result"]
-            if score.is_parse_failure(state) or state.get("overall_pct") is None:
-                continue
-            holes = set(sim.uncovered_keys(state))
-            if not holes or len(state.get("uncovered") or []) >= sim.MAX_UNCOVERED:
-                continue
-            if score.is_parse_failure(new) or new.get("overall_pct") is None:
-                steps, worse = steps + 1, worse + 1
-                shares.append(0.0)
-                continue
-            if len(new.get("uncovered") or []) >= sim.MAX_UNCOVERED:
-                continue
-            fixed = holes - set(sim.uncovered_keys(new))
-            steps += 1
-            fixed_any += bool(fixed)
-            shares.append(len(fixed) / len(holes))
+            h = score.hole_fix(s["rounds"][r["state_round"]]["result"], r["result"])
+            if h is not None:
+                shares.append(h[0])
+                ran.append(h[1])
+    steps = len(shares)
     pct = lambda k: 100.0 * k / steps if steps else 0.0
-    return {"steps": steps, "fixed_any": pct(fixed_any),
-            "fixed_share": 100.0 * sum(shares) / len(shares) if shares else 0.0, "worse": pct(worse)}
+    return {"steps": steps, "fixed_any": pct(sum(x > 0 for x in shares)),
+            "fixed_share": 100.0 * sum(shares) / steps if steps else 0.0, "worse": pct(ran.count(False))}
 
 
 def compute_metrics(samples, round_index=-1, seed=0, n_boot=1000):

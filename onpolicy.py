@@ -57,7 +57,7 @@ def task_order(cursor, n_tasks, seed):
 # -----------------------------------------------------------------------------
 # Scoring: score.py (re-exported here for the trainers' callers)
 
-from score import (PARSE_FAILURES, Score, feedback_result, is_parse_failure, parse_failure,  # noqa: E402,F401
+from score import (PARSE_FAILURES, Score, feedback_result, hole_fix, is_parse_failure, parse_failure,  # noqa: E402,F401
                    prepare_answer, result_reward, score_answers, submit_answer)   # (also onpolicy.X for old callers)
 
 
@@ -84,6 +84,7 @@ class Group:
     task_id: str
     round: int
     samples: list = field(default_factory=list)
+    state: "Sample | None" = None  # round >= 2: the previous round's worst sample, the state the prompt showed
 
     @property
     def rewards(self):
@@ -117,6 +118,7 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
     G = num_generations
     chunks = [list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size)]
     pending = {}                                   # (task position, round) -> [(Sample, wait)]
+    states = {}                                    # (task position, round >= 2) -> the worst Sample it refines
     timings = {"t_gen": 0.0, "t_sim": 0.0, **{f"t_gen_r{r}": 0.0 for r in range(1, rounds + 1)},
                **{f"t_{k[:-2]}": 0.0 for k in fastgen.STATS}}   # t_pack, t_prefill, t_capture, t_decode
 
@@ -126,7 +128,7 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
             if rnd == 1:
                 msgs = build_fn(tasks[t])
             else:
-                worst = worst_sample(finish(t, rnd - 1))
+                worst = states[(t, rnd)] = worst_sample(finish(t, rnd - 1))
                 msgs = refine_fn(tasks[t], worst.text, feedback_result(worst.score.result))
             messages_list += [msgs] * G
         t0, fast0 = time.perf_counter(), dict(fastgen.STATS)
@@ -167,7 +169,8 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
     groups = []
     for t in range(len(tasks)):
         for rnd in range(1, rounds + 1):
-            groups.append(Group(first_index + t, tasks[t].get("id", str(t)), rnd, finish(t, rnd)))
+            groups.append(Group(first_index + t, tasks[t].get("id", str(t)), rnd, finish(t, rnd),
+                                states.get((t, rnd))))
     return groups, timings
 
 
@@ -272,6 +275,12 @@ def rollout_metrics(groups):
     }
     for rnd in sorted({s.round for s in samples}):
         m[f"reward_r{rnd}"] = mean([s.score.reward for s in samples if s.round == rnd])
+    # refinement samples against the holes their state left (score.hole_fix; samples it proves nothing on are out)
+    fixes = [h for g in groups if g.state is not None for s in g.samples
+             if (h := hole_fix(g.state.score.result, s.score.result)) is not None]
+    if fixes:
+        m["hole_fix"] = mean([float(share > 0) for share, _ in fixes])   # covers at least one of its state's holes
+        m["hole_fix_share"] = mean([share for share, _ in fixes])
     return m
 
 

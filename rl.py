@@ -270,7 +270,7 @@ PROFILES = {
 
 PLOT_KEYS = ["reward", "val/reward", "reward_max", ("reward_r1", "reward_r2"), "pass_rate", "coverage", "compile_rate",
              "frac_reward_zero_std", ("clip_ratio/low", "clip_ratio/high"), "entropy", "completions/mean_length",
-             "grad_norm", ("t_gen", "t_sim", "t_train")]
+             "grad_norm", ("hole_fix", "hole_fix_share"), ("t_gen", "t_sim", "t_train")]
 
 
 def parse_args(argv=None):

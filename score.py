@@ -33,6 +33,23 @@ def is_parse_failure(result):
     return result is None or result.get("status") in PARSE_FAILURES
 
 
+def hole_fix(state, new):
+    """What a refinement did to the holes of the state it was shown (both result dicts). None where it proves
+    nothing: the state did not run with coverage or listed no holes, or either list may be cut at
+    sim.MAX_UNCOVERED items (a missing key there proves nothing). Else (share, ran): the share of the state's
+    uncovered item keys (sim.uncovered_keys) the new result no longer lists, 0.0 when the new answer did not run."""
+    if is_parse_failure(state) or state.get("overall_pct") is None:
+        return None
+    holes = set(sim.uncovered_keys(state))
+    if not holes or len(state.get("uncovered") or []) >= sim.MAX_UNCOVERED:
+        return None
+    if is_parse_failure(new) or new.get("overall_pct") is None:
+        return 0.0, False
+    if len(new.get("uncovered") or []) >= sim.MAX_UNCOVERED:
+        return None
+    return len(holes - set(sim.uncovered_keys(new))) / len(holes), True
+
+
 def result_reward(result):
     """sim.reward of a result dict: 1 + overall/100 when it ran with coverage, else 0."""
     return 0.0 if is_parse_failure(result) else float(sim.reward(sim.SimResult.from_dict(result)))

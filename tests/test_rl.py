@@ -240,6 +240,34 @@ def test_rollout_metrics_count_timeouts_and_the_starved_ones():
     assert m["timeout_rate"] == pytest.approx(2 / 3) and m["starved_timeouts"] == 1
 
 
+def test_rollout_metrics_count_refinements_that_cover_their_states_holes():
+    """A round-2 group's samples against its state (the worst round-1 sample, holes a and b): one covers a, one
+    covers nothing, one does not run; a round-1 group and a group whose state did not run count for nothing."""
+    hole = lambda *keys: [{"metric": "block", "instance": "uut", "key": k} for k in keys]
+    ok = lambda *keys: Score(1.5, "ok", 0.5, result={"status": "ok", "overall_pct": 50.0, "uncovered": hole(*keys)})
+    bad = Score(0.0, "compile_error", None, result={"status": "compile_error", "overall_pct": None, "uncovered": []})
+    sample = lambda sc, rnd=2: Sample("t", rnd, [], "x", [1], [2], False, sc)
+    state = sample(ok("a", "b"), 1)
+    groups = [Group(0, "t", 1, [state, sample(ok("a"), 1)]),
+              Group(0, "t", 2, [sample(ok("b")), sample(ok("a", "b")), sample(bad)], state),
+              Group(1, "u", 2, [sample(ok())], sample(bad, 1))]
+    m = onpolicy.rollout_metrics(groups)
+    assert m["hole_fix"] == pytest.approx(1 / 3) and m["hole_fix_share"] == pytest.approx(0.5 / 3)
+    assert "hole_fix" not in onpolicy.rollout_metrics(groups[:1])
+
+
+def test_two_round_rollouts_keep_the_state_each_refinement_saw():
+    """Round 2's group carries the round-1 sample its prompt showed (the worst), round 1's none."""
+    rewards = iter([1.2, 0.0, 1.5, 1.7])
+    gen = lambda msgs, seed: [common.Completion(f"a{i}", [1], [2], False) for i in range(len(msgs))]
+    score = lambda task, c: (lambda r=next(rewards, 1.0): Score(r, "ok", r - 1, result={"status": "ok"}))
+    groups, _ = onpolicy.two_round_rollouts([{"id": "t"}], generate_fn=gen, score_fn=score, num_generations=2,
+                                            seed_fn=lambda r, i: 0, build_fn=lambda t: ["p"],
+                                            refine_fn=lambda t, a, r: [a])
+    assert groups[0].state is None and groups[1].state is groups[0].samples[1]
+    assert groups[1].samples[0].messages == ["a1"]
+
+
 def test_refill_ahead_follows_the_sequential_rule_in_one_call():
     """Rolling the refill batches out ahead (one decoder call for a step's prompts and its refill) gives the
     sequential procedure's kept groups, rewards, advantages, cursor and counts, with one source call instead
