@@ -1,10 +1,12 @@
 """results/small3_run.json from the round-3 run's kept state (results/small3/state/): the data counts, each
-stage's validation table and step statistics, and the reward pilot's two rl0 arms side by side. Re-run it as
+stage's validation table and step statistics, the reward pilot's two rl0 arms side by side and the rollout
+temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl.gz per temperature). Re-run it as
 the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
 """
 import argparse
+import gzip
 import json
 import statistics
 import tarfile
@@ -55,6 +57,33 @@ def data_counts(state):
                              "mean_random_cov": round(statistics.mean(f["random_cov"] for f in ok), 2)}}
 
 
+def spread(samples):
+    """Round 0 (direct answers) per task: the share of tasks whose samples all earn the same task reward (a
+    group RL could not learn from) and the share where at least one sample passes (pass@n)."""
+    by_task = {}
+    for smp in samples:
+        r = smp["rounds"][0]["result"]
+        ran = r.get("overall_pct") is not None and r.get("status") not in ("no_code", "truncated", "prompt_too_long")
+        by_task.setdefault(smp["task_id"], []).append((1 + r["overall_pct"] / 100) if ran else 0.0)
+    groups = list(by_task.values())
+    return {"tasks": len(groups), "zero_spread": round(sum(len(set(g)) == 1 for g in groups) / len(groups), 4)}
+
+
+def sweep(state):
+    """{temperature: the direct and agentic headline, hole fixes and round-0 reward spread} for state/sweep/T*/."""
+    out = {}
+    for d in sorted((state / "sweep").glob("T*")):
+        m = json.loads((d / "metrics.json").read_text())
+        n = m["n"]
+        with gzip.open(d / "samples.jsonl.gz", "rt") as f:
+            samples = [json.loads(x) for x in f if x.strip()]
+        pick = lambda h: {k: round(h[k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")}   # noqa: E731
+        out[d.name[1:]] = {"n": n, "tasks": m["num_tasks"], "direct": pick(m["direct"]), "agentic": pick(m["agentic"]),
+                           "direct_pass@1_ci95": m["direct"]["pass@1_ci95"], "hole_fixes": m["hole_fixes"],
+                           "failures_direct": m["direct"]["failures"], **spread(samples)}
+    return out
+
+
 def record(state):
     """The record's dict from a kept state folder."""
     state = Path(state)
@@ -66,6 +95,8 @@ def record(state):
     for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
+    if (state / "sweep").is_dir():
+        rec["sweep"] = sweep(state)
     return rec
 
 

@@ -1,5 +1,6 @@
 """bench/small3_record.py: the round-3 record's numbers come from the kept state (a synthetic one here): data counts
 from data.tgz, sft0's validation table, each pilot arm's validation rows, step medians (from step 2) and wall time."""
+import gzip
 import importlib.util
 import io
 import json
@@ -45,6 +46,14 @@ def _state(tmp_path):
                                           {"step": 3, "entropy": ent, "t_gen": 4.0},
                                           {"step": 3, "val": 1, "val/pass@1": 25.0, "val/reward": 1.25}])
         _write(s / folder / "calls.jsonl", [{"seconds": 10.0}, {"seconds": 5.5}])
+    head = {"pass@1": 25.0, "pass@2": 50.0, "cov@1": 60.0, "syn_pass": 75.0, "pass@1_ci95": [0.0, 50.0], "failures": {}}
+    _write(s / "sweep/T1.3/metrics.json", {"n": 2, "num_tasks": 2, "direct": head, "agentic": head,
+                                           "hole_fixes": {"steps": 1}})
+    ran = lambda pct: {"rounds": [{"result": {"status": "ok", "overall_pct": pct}}]}          # noqa: E731
+    lines = [{"task_id": "a", **ran(50.0)}, {"task_id": "a", **ran(50.0)},                  # same reward: no spread
+             {"task_id": "b", **ran(50.0)}, {"task_id": "b", "rounds": [{"result": {"status": "truncated"}}]}]
+    with gzip.open(s / "sweep/T1.3/samples.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
     return s
 
 
@@ -62,6 +71,8 @@ def test_the_record_reads_the_state(tmp_path):
     assert task["t_gen_median"] == 3.0 and task["steps"] == 3 and task["wall_s"] == 15.5
     assert task["wall_s_per_step"] == round(15.5 / 3, 2)
     assert over["val"] == [{"step": 3, "val/reward": 1.25, "val/pass@1": 25.0}]
+    t13 = rec["sweep"]["1.3"]
+    assert t13["tasks"] == 2 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0
 
 
 STATE = ROOT / "results" / "small3" / "state"
