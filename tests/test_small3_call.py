@@ -1,0 +1,67 @@
+"""bench/gpu/small3_call.sh (one job of the round-3 run on a GPU machine) on CPU with a synthetic kept state: it
+restores the run folder (data, stage folders, sft0's adapter as its picked checkpoint), runs the commands with $RUN
+and a deadline, and packs the named paths back in parts, leaving optimizer state behind."""
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tar_bytes(members):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    return buf.getvalue()
+
+
+def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
+    state, adapters, stage, out = (tmp_path / n for n in ("state", "adapters", "stage", "out"))
+    (state / "sft0").mkdir(parents=True)
+    (state / "data.tgz").write_bytes(_tar_bytes({"data/done.json": b"{}"}))
+    (state / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000312/adapter"}}))
+    (state / "rl0/ckpt/step_000033").mkdir(parents=True)
+    (state / "rl0/ckpt/step_000033/optimizer.pt").write_text("moments")
+    (state / "rl0/ckpt/step_000033/meta.json").write_text("{}")
+    (adapters / "sft0").mkdir(parents=True)
+    (adapters / "sft0/adapter_config.json").write_text("{}")
+    stage.mkdir()
+    (stage / "env.sh").write_text("export STAGED=yes\n")        # set up by an earlier job
+    (stage / "smollm2.gguf").write_text("model")
+    out.mkdir()
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "STATE": str(state), "ADAPTERS": str(adapters),
+           "CARRY": str(tmp_path / "no_carry"),
+           "LINK": str(tmp_path / "runs/s3"), "TAR_PATHS": "sft0 rl0"}
+    cmd = 'echo "$STAGED $CHORUS_DEADLINE" > $OUT/env.txt; echo "$RUN" > $OUT/run.txt; touch runs_s3_made'
+    proc = subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", cmd.replace("runs_s3_made",
+                          str(tmp_path / "runs/s3/made"))], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = stage / "s3"
+    assert (run / "data/done.json").is_file() and (run / "rl0/ckpt/step_000033/meta.json").is_file()
+    assert (run / "sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
+    assert (run / "made").is_file()                                   # LINK points at the run folder
+    staged, deadline = (out / "env.txt").read_text().split()
+    assert staged == "yes" and int(deadline) > 0
+    assert f"--out {tmp_path / 'runs/s3'}" in (out / "run.txt").read_text()
+    assert f"model={stage / 'smollm2.gguf'}" in (out / "run.txt").read_text()
+    with tarfile.open(out / "back.tgz.part00") as tar:
+        names = tar.getnames()
+    assert "sft0/result.json" in names and "rl0/ckpt/step_000033/meta.json" in names
+    assert not any(n.endswith("optimizer.pt") for n in names)
+
+
+def test_a_job_that_only_carries_parts_stops_after_staging(tmp_path):
+    (tmp_path / "carry/c0").mkdir(parents=True)
+    (tmp_path / "carry/c0/bundle.tar.part000").write_text("part")       # the manifest comes with the last part
+    env = {**os.environ, "STAGE": str(tmp_path / "stage"), "OUT": str(tmp_path), "STATE": str(tmp_path / "none"),
+           "CARRY": str(tmp_path / "carry")}
+    proc = subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", "echo ran"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0 and "staged: bundle.tar.part000" in proc.stdout and "ran" not in proc.stdout
+    assert (tmp_path / "stage/carry/bundle.tar.part000").read_text() == "part"
