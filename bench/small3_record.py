@@ -84,6 +84,14 @@ def sweep(state):
     return out
 
 
+def pick_temperature(sweep):
+    """results/small3_run.md's rule, fixed before the sweep ran: of the temperatures whose direct Pass@1 is inside
+    T 1.0's 95 % interval or above it, the fewest zero-spread tasks, then the higher direct Pass@n."""
+    ref = sweep["1.0"]["direct_pass@1_ci95"][0]
+    ok = [t for t, r in sweep.items() if r["direct"]["pass@1"] >= ref]
+    return min(ok, key=lambda t: (sweep[t]["zero_spread"], -sweep[t]["direct"][f"pass@{sweep[t]['n']}"]))
+
+
 def record(state):
     """The record's dict from a kept state folder."""
     state = Path(state)
@@ -97,6 +105,8 @@ def record(state):
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
     if (state / "sweep").is_dir():
         rec["sweep"] = sweep(state)
+        if "1.0" in rec["sweep"]:
+            rec["sweep_pick"] = pick_temperature(rec["sweep"])
     return rec
 
 

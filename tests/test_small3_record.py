@@ -75,6 +75,19 @@ def test_the_record_reads_the_state(tmp_path):
     assert t13["tasks"] == 2 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0
 
 
+def test_the_temperature_rule():
+    """Within T 1.0's interval (or above): the fewest zero-spread tasks, then the higher Pass@n; a temperature
+    below the interval is out whatever its spread."""
+    row = lambda p1, pn, zero, ci=(0, 0): {"n": 4, "direct": {"pass@1": p1, "pass@4": pn}, "zero_spread": zero,  # noqa: E731
+                                           "direct_pass@1_ci95": list(ci)}
+    sweep = {"0.7": row(60.0, 70.0, 0.40), "1.0": row(55.0, 75.0, 0.30, (48.0, 62.0)), "1.3": row(40.0, 80.0, 0.05)}
+    assert small3_record.pick_temperature(sweep) == "1.0"
+    sweep["0.7"]["zero_spread"] = 0.30                       # a tie on spread: the higher Pass@4 (1.0's 75)
+    assert small3_record.pick_temperature(sweep) == "1.0"
+    sweep["1.3"]["direct"]["pass@1"] = 50.0                  # now inside the interval, with the least spread
+    assert small3_record.pick_temperature(sweep) == "1.3"
+
+
 STATE = ROOT / "results" / "small3" / "state"
 
 
