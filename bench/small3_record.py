@@ -9,10 +9,13 @@ import argparse
 import gzip
 import json
 import statistics
+import sys
 import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import score  # noqa: E402  (the kit's reward of a result dict)
 VAL_KEYS = ("val/reward", "val/reward_se", "val/pass@1", "val/cov@1", "val/syn_pass", "val/loss")
 STEP_KEYS = ("reward", "pass_rate", "coverage", "compile_rate", "entropy", "clip_ratio/low", "clip_ratio/high",
              "ratio", "frac_reward_zero_std", "completions/mean_length", "t_rollout", "t_gen", "t_train", "t_sim")
@@ -58,36 +61,43 @@ def data_counts(state):
 
 
 def spread(samples):
-    """Round 0 (direct answers) per task: the share of tasks whose samples all earn the same task reward (a
-    group RL could not learn from) and the share where at least one sample passes (pass@n)."""
+    """Round 0 (direct answers): the number of tasks and the share whose samples all earn the same task reward
+    (score.result_reward: 1 + coverage for a run that finished, else 0), a group RL could not learn from."""
     by_task = {}
     for smp in samples:
-        r = smp["rounds"][0]["result"]
-        ran = r.get("overall_pct") is not None and r.get("status") not in ("no_code", "truncated", "prompt_too_long")
-        by_task.setdefault(smp["task_id"], []).append((1 + r["overall_pct"] / 100) if ran else 0.0)
+        by_task.setdefault(smp["task_id"], []).append(score.result_reward(smp["rounds"][0]["result"]))
     groups = list(by_task.values())
     return {"tasks": len(groups), "zero_spread": round(sum(len(set(g)) == 1 for g in groups) / len(groups), 4)}
 
 
+def read_samples(folder):
+    """evaluate.py's samples.jsonl in a sweep folder, as written or gzipped for keeping."""
+    plain = folder / "samples.jsonl"
+    text = plain.read_text() if plain.is_file() else gzip.open(folder / "samples.jsonl.gz", "rt").read()
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
 def sweep(state):
-    """{temperature: the direct and agentic headline, hole fixes and round-0 reward spread} for state/sweep/T*/."""
+    """{temperature: the direct and agentic headline, hole fixes and round-0 reward spread} for each finished
+    state/sweep/T*/ (one with metrics.json: evaluate.py writes it last)."""
     out = {}
     for d in sorted((state / "sweep").glob("T*")):
+        if not (d / "metrics.json").is_file():
+            continue
         m = json.loads((d / "metrics.json").read_text())
         n = m["n"]
-        with gzip.open(d / "samples.jsonl.gz", "rt") as f:
-            samples = [json.loads(x) for x in f if x.strip()]
         pick = lambda h: {k: round(h[k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")}   # noqa: E731
         out[d.name[1:]] = {"n": n, "tasks": m["num_tasks"], "direct": pick(m["direct"]), "agentic": pick(m["agentic"]),
-                           "direct_pass@1_ci95": m["direct"]["pass@1_ci95"], "hole_fixes": m["hole_fixes"],
-                           "failures_direct": m["direct"]["failures"], **spread(samples)}
+                           "direct_pass@1_ci95": [round(x, 4) for x in m["direct"]["pass@1_ci95"]],
+                           "hole_fixes": m["hole_fixes"], "failures_direct": m["direct"]["failures"],
+                           **spread(read_samples(d))}
     return out
 
 
 def pick_temperature(sweep):
     """results/small3_run.md's rule, fixed before the sweep ran: of the temperatures whose direct Pass@1 is inside
     T 1.0's 95 % interval or above it, the fewest zero-spread tasks, then the higher direct Pass@n."""
-    ref = sweep["1.0"]["direct_pass@1_ci95"][0]
+    ref = sweep["1.0"]["direct_pass@1_ci95"][0]      # rounded as pass@1 is, so T 1.0 is always inside its own
     ok = [t for t, r in sweep.items() if r["direct"]["pass@1"] >= ref]
     return min(ok, key=lambda t: (sweep[t]["zero_spread"], -sweep[t]["direct"][f"pass@{sweep[t]['n']}"]))
 

@@ -82,13 +82,15 @@ def test_two_part_kernels_under_the_triton_interpreter():
     pytest.importorskip("triton")
     # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with int(array), which
     # NumPy 2.4 refuses (triton-lang/triton#9171, fixed upstream by squeezing first); the shim does the same here
+    # where the interpreter has that hook (a Triton without it runs the test unshimmed)
     code = (
-        "import numpy, triton.runtime.interpreter as interp\n"
-        "_patch = interp._patch_lang_tensor\n"
-        "def _squeezed(tensor, scope):\n"
-        "    _patch(tensor, scope)\n"
-        "    scope.set_attr(tensor, '__index__', lambda self: int(numpy.asarray(self.handle.data).reshape(-1)[0]))\n"
-        "interp._patch_lang_tensor = _squeezed\n"
+        "import inspect, numpy, triton.runtime.interpreter as interp\n"
+        "_patch = getattr(interp, '_patch_lang_tensor', None)\n"
+        "if _patch is not None and list(inspect.signature(_patch).parameters) == ['tensor', 'scope']:\n"
+        "    def _squeezed(tensor, scope):\n"
+        "        _patch(tensor, scope)\n"
+        "        scope.set_attr(tensor, '__index__', lambda self: int(numpy.asarray(self.handle.data).reshape(-1)[0]))\n"
+        "    interp._patch_lang_tensor = _squeezed\n"
         "import torch, two_part, test_fastgen_prefix as t\n"
         "two_part.PREFIX_CHUNK = 32\n"
         "for dt, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):\n"

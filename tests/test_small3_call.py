@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,7 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
            "CARRY": str(tmp_path / "no_carry"),
            "LINK": str(tmp_path / "runs/s3"), "TAR_PATHS": "sft0 rl0"}
     cmd = 'echo "$STAGED $CHORUS_DEADLINE" > $OUT/env.txt; echo "$RUN" > $OUT/run.txt; touch runs_s3_made'
+    t0 = time.time()
     proc = subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", cmd.replace("runs_s3_made",
                           str(tmp_path / "runs/s3/made"))], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,7 +49,7 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     assert (run / "sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
     assert (run / "made").is_file()                                   # LINK points at the run folder
     staged, deadline = (out / "env.txt").read_text().split()
-    assert staged == "yes" and int(deadline) > 0
+    assert staged == "yes" and t0 + 100 - 30 - 2 <= int(deadline) <= time.time() + 100 - 30   # 30 s kept to pack
     assert f"--out {tmp_path / 'runs/s3'}" in (out / "run.txt").read_text()
     assert f"model={stage / 'smollm2.gguf'}" in (out / "run.txt").read_text()
     with tarfile.open(out / "back.tgz.part00") as tar:
@@ -65,3 +67,24 @@ def test_a_job_that_only_carries_parts_stops_after_staging(tmp_path):
                           text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "staged: bundle.tar.part000" in proc.stdout and "ran" not in proc.stdout
     assert (tmp_path / "stage/carry/bundle.tar.part000").read_text() == "part"
+
+
+def test_a_job_passes_on_the_commands_status_and_names_a_missing_path(tmp_path):
+    """The commands' exit status is the job's (75: a stage stopped at its deadline); TAR_PATHS naming a path the run
+    folder lacks is said and fails the job, while the paths that exist still come back."""
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    (stage / "s3/data").mkdir(parents=True)                  # a run folder an earlier job restored
+    (stage / "s3/sft1").mkdir()
+    (stage / "s3/sft1/log.jsonl").write_text("{}")
+    (stage / "env.sh").write_text("")
+    (stage / "smollm2.gguf").write_text("model")
+    out.mkdir()
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "CARRY": str(tmp_path / "none"),
+           "LINK": str(tmp_path / "runs/s3")}
+    job = lambda cmd, paths: subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", cmd],   # noqa: E731
+                                            capture_output=True, text=True, env={**env, "TAR_PATHS": paths}, timeout=60)
+    assert job("exit 75", "sft1").returncode == 75
+    proc = job("true", "sft1 sweep")
+    assert proc.returncode == 1 and "TAR_PATHS names sweep" in proc.stdout
+    with tarfile.open(out / "back.tgz.part00") as tar:
+        assert "sft1/log.jsonl" in tar.getnames()

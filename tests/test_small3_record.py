@@ -49,11 +49,17 @@ def _state(tmp_path):
     head = {"pass@1": 25.0, "pass@2": 50.0, "cov@1": 60.0, "syn_pass": 75.0, "pass@1_ci95": [0.0, 50.0], "failures": {}}
     _write(s / "sweep/T1.3/metrics.json", {"n": 2, "num_tasks": 2, "direct": head, "agentic": head,
                                            "hole_fixes": {"steps": 1}})
-    ran = lambda pct: {"rounds": [{"result": {"status": "ok", "overall_pct": pct}}]}          # noqa: E731
+    ran = lambda pct, status="ok": {"rounds": [{"result": {"status": status, "overall_pct": pct}}]}   # noqa: E731
     lines = [{"task_id": "a", **ran(50.0)}, {"task_id": "a", **ran(50.0)},                  # same reward: no spread
-             {"task_id": "b", **ran(50.0)}, {"task_id": "b", "rounds": [{"result": {"status": "truncated"}}]}]
+             {"task_id": "b", **ran(50.0)}, {"task_id": "b", "rounds": [{"result": {"status": "truncated"}}]},
+             {"task_id": "c", **ran(40.0, "timeout")}, {"task_id": "c", **ran(60.0, "timeout")},  # both earn 0
+             {"task_id": "d", **ran(40.0)}, {"task_id": "d", **ran(40.0, "timeout")}]             # 1.4 and 0
     with gzip.open(s / "sweep/T1.3/samples.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(x) + "\n" for x in lines))
+    _write(s / "sweep/T1.0/metrics.json", {"n": 2, "num_tasks": 1, "direct": head, "agentic": head,
+                                           "hole_fixes": {"steps": 0}})
+    _write(s / "sweep/T1.0/samples.jsonl", [{"task_id": "a", **ran(50.0)}])           # as evaluate.py writes it
+    (s / "sweep/T0.7").mkdir()                                                          # cut before metrics.json
     return s
 
 
@@ -72,7 +78,9 @@ def test_the_record_reads_the_state(tmp_path):
     assert task["wall_s_per_step"] == round(15.5 / 3, 2)
     assert over["val"] == [{"step": 3, "val/reward": 1.25, "val/pass@1": 25.0}]
     t13 = rec["sweep"]["1.3"]
-    assert t13["tasks"] == 2 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0
+    assert t13["tasks"] == 4 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0   # a and c
+    assert sorted(rec["sweep"]) == ["1.0", "1.3"] and rec["sweep"]["1.0"]["zero_spread"] == 1.0
+    assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
 
 
 def test_the_temperature_rule():

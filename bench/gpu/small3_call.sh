@@ -9,10 +9,11 @@
 #    $STAGE (once). A job that only carries parts stops after copying them.
 # 2. The run folder: $STAGE/s3, restored from results/small3/state when absent (data.tgz, the kept stage folders,
 #    sft0's published adapter as its picked validation checkpoint); runs/s3 links to it.
-# 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S (sft.py, rl.py and distill.py stop between steps and
-#    checkpoint); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
+# 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S - PACK_S (30 s: sft.py, rl.py and distill.py stop
+#    between steps and checkpoint, leaving time to pack); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
 # 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
-#    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments).
+#    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments). A path that is not
+#    there is named and fails the job. The job's exit status is the commands' (75: a stage stopped at the deadline).
 # Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
 # .debs) ~100 MB (`bundle --part-size 60M`: two jobs), data.tgz 14 MB, sft0's adapter 10 MB, each kept RL arm 20 MB;
 # so the second part travels with data.tgz and sft0 when the rest of results/ stays behind.
@@ -26,6 +27,9 @@ shift
 T0=$(date +%s)
 cd "$(dirname "$0")/../.."
 STAGE=${STAGE:-$HOME/stage}
+case "$STAGE" in *" "*) echo "small3_call: STAGE must have no spaces: $STAGE"; exit 2;; esac
+mkdir -p "$STAGE" && STAGE=$(cd "$STAGE" && pwd)   # absolute: the run folder's link points into it
+PACK_S=${PACK_S:-30}   # seconds kept after the deadline for packing TAR_PATHS
 OUT=${OUT:?OUT: the folder whose files come back}
 STATE=${STATE:-results/small3/state}
 ADAPTERS=${ADAPTERS:-results/small3/adapters}
@@ -44,19 +48,29 @@ if [ ! -d "$STAGE/s3/data" ]; then
   [ -f "$STATE/data.tgz" ] || { echo "small3_call: no $STATE/data.tgz in this checkout"; exit 1; }
   mkdir -p "$STAGE/s3" && tar xzf "$STATE/data.tgz" -C "$STAGE/s3"
   for f in "$STATE"/*/; do cp -r "$f" "$STAGE/s3/"; done
-  pick=$(python3 -c "import json; print(json.load(open('$STATE/sft0/result.json'))['outcome']['val_best_adapter'])")
+  pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
+         "$STATE/sft0/result.json")
   mkdir -p "$STAGE/s3/sft0/$(dirname "$pick")" && cp -r "$ADAPTERS/sft0" "$STAGE/s3/sft0/$pick"
   [ -d "$STAGE/s3/r" ] && ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"
   echo "run folder restored from $STATE"
 fi
 mkdir -p "$(dirname "$LINK")" && ln -sfn "$STAGE/s3" "$LINK"
-export CHORUS_DEADLINE=$(( T0 + LIMIT )) PYTHONUNBUFFERED=1
+export CHORUS_DEADLINE=$(( T0 + LIMIT - PACK_S )) PYTHONUNBUFFERED=1
 RUN="python3 chorus_mini.py run --profile small3 --out $LINK --set answer_mode=stimulus \
 --set eval_tasks=runs/dev_tasks.jsonl --set sim_workers=${SIM_WORKERS:-14} --set model=$STAGE/smollm2.gguf"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-eval "$@"
-echo "small3_call: commands exit $?, $(( $(date +%s) - T0 )) s"
+( eval "$@" )          # in a subshell: an `exit` in COMMANDS still leaves the packing below
+rc=$?
+echo "small3_call: commands exit $rc, $(( $(date +%s) - T0 )) s"
 if [ -n "${TAR_PATHS:-}" ]; then
-  (cd "$STAGE/s3" && tar czf "$STAGE/back.tgz" --ignore-failed-read --exclude=optimizer.pt $TAR_PATHS)
-  split -b 15M -d "$STAGE/back.tgz" "$OUT/back.tgz.part" && ls -l "$OUT"
+  rm -f "$STAGE/back.tgz"
+  have=()
+  for p in $TAR_PATHS; do
+    if [ -e "$STAGE/s3/$p" ]; then have+=("$p"); else echo "small3_call: TAR_PATHS names $p, not in the run folder"; [ "$rc" -eq 0 ] && rc=1; fi
+  done
+  if [ ${#have[@]} -gt 0 ]; then
+    (cd "$STAGE/s3" && tar czf "$STAGE/back.tgz" --exclude=optimizer.pt "${have[@]}") \
+      && split -b 15M -d "$STAGE/back.tgz" "$OUT/back.tgz.part" && ls -l "$OUT" || { echo "small3_call: packing failed"; rc=1; }
+  fi
 fi
+exit $rc
