@@ -3,9 +3,9 @@ table of one decode step from torch.profiler.
 
 Run (GPU):  python bench/profile_decode.py --model SmolLM2-135M-Instruct.Q4_1.gguf --batch 256
 A/B against another version of the decoder (e.g. the last commit's):
-            mkdir -p /tmp/old && git show HEAD:fastgen.py > /tmp/old/fastgen.py
-            git show HEAD:two_part.py > /tmp/old/two_part.py     # where that commit has one
-            python bench/profile_decode.py --model ... --decoder /tmp/old/fastgen.py --out old.json
+            mkdir -p OLD && git show HEAD:fastgen.py > OLD/fastgen.py    # OLD: any folder outside the checkout
+            git show HEAD:two_part.py > OLD/two_part.py     # where that commit has one
+            python bench/profile_decode.py --model ... --decoder OLD/fastgen.py --out old.json
      (commits before the decoder left common.py for fastgen.py cannot be loaded this way)
      (CPU): python bench/profile_decode.py --tiny --batch 4 --new-tokens 8
 RL's shape, 16 distinct long prompts of 4 rows each (prefill_s then runs 16 prompts, not 1):

@@ -73,7 +73,11 @@ def spread(samples):
 def read_samples(folder):
     """evaluate.py's samples.jsonl in a sweep folder, as written or gzipped for keeping."""
     plain = folder / "samples.jsonl"
-    text = plain.read_text() if plain.is_file() else gzip.open(folder / "samples.jsonl.gz", "rt").read()
+    if plain.is_file():
+        text = plain.read_text()
+    else:
+        with gzip.open(folder / "samples.jsonl.gz", "rt") as f:
+            text = f.read()
     return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
