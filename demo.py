@@ -2,7 +2,7 @@
 
     python demo.py                              # everything (what `make demo` runs); again after a crash: continues
     python demo.py --n 2 --rounds 3             # closer to the GPU protocol (n 5, 3 rounds), slower
-    python demo.py --models rl2,random --limit 1 --out /tmp/d   # one model and the random baseline on one task
+    python demo.py --models rl2,random --limit 1 --out out/d   # one model and the random baseline on one task
 
 Nothing is trained here. The kit publishes its three RL experts and three OPD students for SmolLM2-135M
 (results/small2/adapters/, evaluated on an H200 in results/small2_run.md); this script

@@ -1,7 +1,7 @@
 """Execution-guided RL (DAPO) on a LoRA adapter: turns one SFT checkpoint into an expert (docs/method.md §4).
 
     python rl.py --model M --adapter runs/sft0/adapter --tasks TASKS.jsonl --out runs/rl0 --profile small
-    python rl.py --model tiny --tasks TASKS.jsonl --out /tmp/rl --steps 2      # CPU smoke run
+    python rl.py --model tiny --tasks TASKS.jsonl --out out/rl --steps 2      # CPU smoke run
     python rl.py ... --resume                                                 # continue a killed run
 
 Algorithm, per step (one optimizer update per rollout batch by default):

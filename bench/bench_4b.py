@@ -4,7 +4,7 @@ Run (GPU; about 5 minutes on an H200, one command):
     python bench/bench_4b.py --out results/bench_4b.json
     python bench/bench_4b.py --render results/bench_4b.json > results/bench.md     # table only
 CPU smoke run of the same code paths at toy size (tests/test_bench_4b.py runs it):
-    python bench/bench_4b.py --tiny --out /tmp/bench_tiny.json
+    python bench/bench_4b.py --tiny --out out/bench_tiny.json
 
 What it does, in order:
  1. Builds a RANDOM model with Qwen3-4B-Instruct-2507's shape (QWEN3_4B below; nothing is downloaded),

@@ -3,7 +3,7 @@
 
     python bench/bench_cpu_generate.py                          # SmolLM2-135M, writes results/bench_cpu_generate.json
     python bench/bench_cpu_generate.py --threads 1 --batches 1,8 --new-tokens 32 --dtypes fp32
-    python bench/bench_cpu_generate.py --tiny --batches 1,2 --new-tokens 8 --out /tmp/b.json   # seconds
+    python bench/bench_cpu_generate.py --tiny --batches 1,2 --new-tokens 8 --out out/b.json   # seconds
 
 What it answers: which path `make demo` (demo.py) should generate with on a 2-core CPU. Every row
 generates exactly --new-tokens per sequence (stop rules off, so both paths do the same work), with a rank-16

@@ -9,7 +9,7 @@ resumed by the same command, and each stage's seconds add up over its calls):
     python bench/bench_pipeline_cap.py --full --profiles small --cap-gib 0 --out runs/speedrun --json results/speedrun.json
     python bench/bench_pipeline_cap.py --full --profiles small --cap-gib 24 --out runs/speedrun24 --json results/speedrun_cap24.json
 CPU smoke (tests/test_cap.py runs it; the tiny random model, the first stages only):
-    python bench/bench_pipeline_cap.py --cpu-smoke --stages data sft0 --out /tmp/capbench --json /tmp/cap.json
+    python bench/bench_pipeline_cap.py --cpu-smoke --stages data sft0 --out out/capbench --json out/cap.json
 
 What it does, in order:
  1. Sets $CHORUS_GPU_CAP_GIB (--cap-gib, default: the variable, else 24) for every stage it starts: each

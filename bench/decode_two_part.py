@@ -2,7 +2,7 @@
 
 Run (GPU):  python bench/decode_two_part.py --out results/decode_two_part.json
      (CPU smoke, eager, small): python bench/decode_two_part.py --device cpu --groups 2 --prefix 100,300 \
-                                --suffix 1,40 --out /tmp/decode_two_part.json
+                                --suffix 1,40 --out out/decode_two_part.json
 
 B = groups x G rows (default 64 x 4 = 256: RL's G answers per prompt), SmolLM2-135M's attention (3 KV heads,
 9 query heads, head dim 64), bf16 on CUDA. Each group has its own prompt length, spread over

@@ -1,7 +1,7 @@
 """results/small3_run.json from the round-3 run's kept state (results/small3/state/): the data counts, each
 stage's validation table and step statistics, the reward pilot's two rl0 arms side by side and the rollout
-temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl.gz per temperature). Re-run it as
-the run goes on; results/small3_run.md quotes its numbers.
+temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl, plain or gzipped, per
+temperature). Re-run it as the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
 """
