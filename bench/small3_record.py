@@ -82,19 +82,21 @@ def read_samples(folder):
 
 
 def sweep(state):
-    """{temperature: the direct and agentic headline, hole fixes and round-0 reward spread} for each finished
+    """{temperature: the direct and agentic headline, hole fixes, what became of the refinements of states that ran
+    and round-0 reward spread} for each finished
     state/sweep/T*/ (one with metrics.json: evaluate.py writes it last)."""
     out = {}
     for d in sorted((state / "sweep").glob("T*")):
         if not (d / "metrics.json").is_file():
             continue
         m = json.loads((d / "metrics.json").read_text())
+        samples = read_samples(d)
         n = m["n"]
         pick = lambda h: {k: round(h[k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")}   # noqa: E731
         out[d.name[1:]] = {"n": n, "tasks": m["num_tasks"], "direct": pick(m["direct"]), "agentic": pick(m["agentic"]),
                            "direct_pass@1_ci95": [round(x, 4) for x in m["direct"]["pass@1_ci95"]],
                            "hole_fixes": m["hole_fixes"], "failures_direct": m["direct"]["failures"],
-                           **spread(read_samples(d))}
+                           **spread(samples), "refine_status": refine_status(samples)}
     return out
 
 
@@ -106,14 +108,33 @@ def pick_temperature(sweep):
     return min(ok, key=lambda t: (sweep[t]["zero_spread"], -sweep[t]["direct"][f"pass@{sweep[t]['n']}"]))
 
 
+def sft_stage(folder):
+    """An SFT stage's kept folder: finished or not (done.json), time and steps so far, its pick, rows, validation."""
+    res = json.loads((folder / "result.json").read_text())
+    return {"done": (folder / "done.json").is_file(), "train_s": res["outcome"]["time_s"],
+            "steps": res["outcome"]["steps_done"], "steps_planned": res["setup"]["steps"],
+            "pick": res["outcome"]["val_best_adapter"], "rows_used": res["setup"]["rows_used"],
+            "val": val_table(folder / "log.jsonl")}
+
+
+def refine_status(samples):
+    """What became of the refinements of states that ran: the scorer's status of each round r >= 1 answer whose
+    state (round `state_round`) finished its run, counted (a hole can only be fixed by an answer that runs)."""
+    out = {}
+    for smp in samples:
+        for r in smp["rounds"][1:]:
+            if r.get("state_round") is not None and smp["rounds"][r["state_round"]]["result"].get("status") == "ok":
+                out[r["result"].get("status")] = out.get(r["result"].get("status"), 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def record(state):
     """The record's dict from a kept state folder."""
     state = Path(state)
     rec = {"status": "in progress", "data": data_counts(state), "stages": {}, "pilot": {}}
-    sft0 = json.loads((state / "sft0/result.json").read_text())
-    rec["stages"]["sft0"] = {"done": (state / "sft0/done.json").is_file(), "train_s": sft0["outcome"]["time_s"],
-                             "steps": sft0["outcome"]["steps_done"], "pick": sft0["outcome"]["val_best_adapter"],
-                             "rows_used": sft0["setup"]["rows_used"], "val": val_table(state / "sft0/log.jsonl")}
+    for name in ("sft0", "sft1"):
+        if (state / name / "result.json").is_file():
+            rec["stages"][name] = sft_stage(state / name)
     for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}

@@ -1,6 +1,6 @@
 """bench/gpu/small3_call.sh (one job of the round-3 run on a GPU machine) on CPU with a synthetic kept state: it
-restores the run folder (data, stage folders, sft0's adapter as its picked checkpoint), runs the commands with $RUN
-and a deadline, and packs the named paths back in parts, leaving optimizer state behind."""
+restores the run folder (data, stage folders, sft0's adapter as its picked checkpoint and as sft1's step 0), runs
+the commands with $RUN and a deadline, and packs the named paths back in parts, leaving optimizer state behind."""
 import io
 import json
 import os
@@ -30,6 +30,7 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     (state / "rl0/ckpt/step_000033").mkdir(parents=True)
     (state / "rl0/ckpt/step_000033/optimizer.pt").write_text("moments")
     (state / "rl0/ckpt/step_000033/meta.json").write_text("{}")
+    (state / "sft1/ckpt/step_000168").mkdir(parents=True)       # a stage cut at a deadline, kept without step 0
     (adapters / "sft0").mkdir(parents=True)
     (adapters / "sft0/adapter_config.json").write_text("{}")
     stage.mkdir()
@@ -47,6 +48,8 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     run = stage / "s3"
     assert (run / "data/done.json").is_file() and (run / "rl0/ckpt/step_000033/meta.json").is_file()
     assert (run / "sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
+    assert (run / "sft1/val_ckpt/step_000000/adapter/adapter_config.json").is_file()    # sft1 starts from sft0's pick
+    assert (run / "sft1/ckpt/step_000168").is_dir()
     assert (run / "made").is_file()                                   # LINK points at the run folder
     staged, deadline = (out / "env.txt").read_text().split()
     assert staged == "yes" and t0 + 100 - 30 - 2 <= int(deadline) <= time.time() + 100 - 30   # 30 s kept to pack

@@ -1,5 +1,6 @@
 """bench/small3_record.py: the round-3 record's numbers come from the kept state (a synthetic one here): data counts
-from data.tgz, sft0's validation table, each pilot arm's validation rows, step medians (from step 2) and wall time."""
+from data.tgz, each SFT stage's validation table (a stage cut at a deadline too), each pilot arm's validation rows,
+step medians (from step 2) and wall time, and each sweep temperature's reward spread and refinement outcomes."""
 import gzip
 import importlib.util
 import io
@@ -38,8 +39,11 @@ def _state(tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     _write(s / "sft0/result.json", {"outcome": {"time_s": 12.5, "steps_done": 4, "val_best_adapter": "val_ckpt/x"},
-                                    "setup": {"rows_used": 5}})
+                                    "setup": {"rows_used": 5, "steps": 4}})
     (s / "sft0/done.json").write_text("{}")
+    _write(s / "sft1/result.json", {"outcome": {"time_s": 3.0, "steps_done": 2, "val_best_adapter": "val_ckpt/0"},
+                                    "setup": {"rows_used": 7, "steps": 9}})     # stopped at a deadline: no done.json
+    _write(s / "sft1/log.jsonl", [{"step": 0, "val": 1, "val/pass@1": 40.0}, {"step": 2, "loss": 0.5}])
     _write(s / "sft0/log.jsonl", [{"step": 1, "loss": 1.0}, {"step": 4, "val": 1, "val/pass@1": 50.0, "val/reward": 1.5}])
     for folder, ent in (("rl0", 0.1), ("r/rl0", 0.3)):
         _write(s / folder / "log.jsonl", [{"step": 1, "entropy": 9.0, "t_gen": 99.0}, {"step": 2, "entropy": ent, "t_gen": 2.0},
@@ -54,6 +58,12 @@ def _state(tmp_path):
              {"task_id": "b", **ran(50.0)}, {"task_id": "b", "rounds": [{"result": {"status": "truncated"}}]},
              {"task_id": "c", **ran(40.0, "timeout")}, {"task_id": "c", **ran(60.0, "timeout")},  # both earn 0
              {"task_id": "d", **ran(40.0)}, {"task_id": "d", **ran(40.0, "timeout")}]             # 1.4 and 0
+    refine = lambda state, new: {"round": 1, "state_round": 0, "result": {"status": new}}    # noqa: E731
+    lines[0]["rounds"].append(refine(0, "truncated"))          # a state that ran, refined: counted
+    lines[2]["rounds"].append(refine(0, "truncated"))
+    lines[6]["rounds"].append(refine(0, "ok"))
+    lines[3]["rounds"].append(refine(0, "ok"))                 # its state was cut off: not counted
+    lines[4]["rounds"].append({"round": 1, "state_round": None, "result": {"status": "ok"}})   # a fresh answer
     with gzip.open(s / "sweep/T1.3/samples.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(x) + "\n" for x in lines))
     _write(s / "sweep/T1.0/metrics.json", {"n": 2, "num_tasks": 1, "direct": head, "agentic": head,
@@ -72,6 +82,8 @@ def test_the_record_reads_the_state(tmp_path):
     assert rec["data"]["skill_split"]["skill_train"]["tasks"] == 3
     sft0 = rec["stages"]["sft0"]
     assert sft0["done"] and sft0["steps"] == 4 and sft0["val"] == [{"step": 4, "val/reward": 1.5, "val/pass@1": 50.0}]
+    assert rec["stages"]["sft1"] == {"done": False, "train_s": 3.0, "steps": 2, "steps_planned": 9, "pick": "val_ckpt/0",
+                                     "rows_used": 7, "val": [{"step": 0, "val/pass@1": 40.0}]}
     task, over = rec["pilot"]["task"], rec["pilot"]["over_random"]
     assert task["entropy_median"] == 0.1 and over["entropy_median"] == 0.3      # step 1 is left out of the medians
     assert task["t_gen_median"] == 3.0 and task["steps"] == 3 and task["wall_s"] == 15.5
@@ -80,6 +92,7 @@ def test_the_record_reads_the_state(tmp_path):
     t13 = rec["sweep"]["1.3"]
     assert t13["tasks"] == 4 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0   # a and c
     assert sorted(rec["sweep"]) == ["1.0", "1.3"] and rec["sweep"]["1.0"]["zero_spread"] == 1.0
+    assert t13["refine_status"] == {"truncated": 2, "ok": 1} and rec["sweep"]["1.0"]["refine_status"] == {}
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
 
 

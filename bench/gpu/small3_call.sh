@@ -51,6 +51,9 @@ if [ ! -d "$STAGE/s3/data" ]; then
   pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
          "$STATE/sft0/result.json")
   mkdir -p "$STAGE/s3/sft0/$(dirname "$pick")" && cp -r "$ADAPTERS/sft0" "$STAGE/s3/sft0/$pick"
+  # sft1 starts from sft0's pick, so its step-0 validation checkpoint is that adapter (kept once, not twice)
+  s1=$STAGE/s3/sft1/val_ckpt/step_000000
+  [ -d "$STAGE/s3/sft1" ] && [ ! -d "$s1/adapter" ] && mkdir -p "$s1" && cp -r "$ADAPTERS/sft0" "$s1/adapter"
   [ -d "$STAGE/s3/r" ] && ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"
   echo "run folder restored from $STATE"
 fi
