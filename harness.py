@@ -628,7 +628,7 @@ def stimulus_refine_messages(task, harness, answer_text, result):
 # ----------------------------------------------------------------------------------------------
 
 ANSWER_MODES = ("testbench", "stimulus")
-# Every script's --answer-mode defaults to the profiles' mode (chorus_mini.py): stimulus, which the small models
+# Every script's --answer-mode defaults to the profiles' mode (profiles.py): stimulus, which the small models
 # answer far better (results/answer_modes.md); the paper's whole testbenches are --answer-mode testbench.
 DEFAULT_ANSWER_MODE = "stimulus"
 _HARNESS_CACHE = {}         # (id, top, inst, sha256 of the RTL) -> Harness or the HarnessError

@@ -490,7 +490,7 @@ def finish_run(out, script, model, result):
 
 BAD_INPUT = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
-# An option's range as (test, what it must be), for check_options and chorus_mini.py's profile checks.
+# An option's range as (test, what it must be), for check_options and profiles.py's --set checks.
 # NaN fails every test, so `--lr nan` is refused like `--lr -1`.
 def at_least(n):
     return (lambda v: v >= n, f"at least {n}")

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import chorus_mini  # noqa: E402
+import profiles  # noqa: E402
 import common  # noqa: E402
 import evaluate  # noqa: E402
 import harness  # noqa: E402
@@ -58,7 +59,7 @@ def metric_object(m):
 
 def eval_tasks(path, profile):
     """The eval stage's reporting subset of `path` under a chorus_mini profile."""
-    c = chorus_mini.PROFILES[profile]
+    c = profiles.PROFILES[profile]
     with tempfile.TemporaryDirectory() as d:
         chorus_mini.select_tasks(path, c["eval_limit"], c["eval_max_chars"], Path(d) / "tasks.jsonl")
         return sim.load_tasks(Path(d) / "tasks.jsonl"), c
@@ -162,7 +163,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--tasks", default=str(ROOT.parent / "shared" / "data" / "dev_tasks.jsonl"),
                     help="task JSONL (default ../shared/data/dev_tasks.jsonl)")
-    ap.add_argument("--profile", default="small", choices=sorted(chorus_mini.PROFILES),
+    ap.add_argument("--profile", default="small", choices=sorted(profiles.PROFILES),
                     help="the chorus_mini profile whose eval_limit / eval_max_chars / target_mode pick the tasks")
     ap.add_argument("--seed", type=int, default=0, help="teacher seed and bootstrap seed")
     ap.add_argument("--n-boot", type=int, default=1000)

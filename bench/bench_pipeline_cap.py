@@ -422,6 +422,7 @@ def main(argv=None):
         print(render_markdown(json.loads(Path(args.render).read_text())), end="")
         return 0
     import chorus_mini
+    from profiles import PROFILES
     t_start = time.time()
     env_cap = os.environ.get(common.GPU_CAP_ENV)
     cap = args.cap_gib if args.cap_gib is not None else float(env_cap) if env_cap else 24.0
@@ -431,8 +432,8 @@ def main(argv=None):
         os.environ.pop(common.GPU_CAP_ENV, None)
     profiles = ["smoke"] if args.cpu_smoke else args.profiles
     for p in profiles:
-        if p not in chorus_mini.PROFILES:
-            raise SystemExit(f"bench_pipeline_cap: unknown profile {p!r} (known: {', '.join(chorus_mini.PROFILES)})")
+        if p not in PROFILES:
+            raise SystemExit(f"bench_pipeline_cap: unknown profile {p!r} (known: {', '.join(PROFILES)})")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "bench/bench_pipeline_cap.py", *(sys.argv[1:] if argv is None else argv)])

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chorus_mini  # noqa: E402
+import profiles  # noqa: E402
 import common  # noqa: E402
 import merge  # noqa: E402
 
@@ -148,7 +149,7 @@ def main(argv=None):
     if not 0 < n_layers <= full_layers:
         sys.exit(f"profile_merge.py: error: --layers must be in 0..{full_layers}, got {args.layers}")
     shapes = module_shapes(hidden, inter, qh, kvh, hd)
-    c = dict(chorus_mini.PROFILES[profile], merge_device=args.device)
+    c = dict(profiles.PROFILES[profile], merge_device=args.device)
     lams = (c["merge_lams"] or [None]) if args.all_lams else [1.0 if c["merge_lams"] else None]
     cuda = torch.device(args.device).type == "cuda"
     timer = PhaseTimer(cuda)

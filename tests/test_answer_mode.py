@@ -305,8 +305,9 @@ def test_answer_modes_merges_two_eval_runs_and_keeps_floor_and_ceiling(tmp_path)
 
 def test_chorus_mini_passes_the_answer_mode_to_every_prompt_building_stage(tmp_path):
     import chorus_mini as cm
-    assert all(p["answer_mode"] in harness.ANSWER_MODES for p in cm.PROFILES.values())
-    c = cm.apply_overrides(cm.PROFILES["smoke"], ["answer_mode=stimulus"])
+    import profiles
+    assert all(p["answer_mode"] in harness.ANSWER_MODES for p in profiles.PROFILES.values())
+    c = profiles.apply_overrides(profiles.PROFILES["smoke"], ["answer_mode=stimulus"])
     o = tmp_path
     cmds = {"data": cm.data_cmds(c, o, o / "m")[-1], "data2": cm.data2_cmd(c, o, "M"), "rl0": cm.rl_cmd(c, o, "M", 0),
             "opd": cm.opd_cmd(c, o, "M", "opd"),

@@ -384,10 +384,11 @@ def test_the_pipelines_validation_rows_build_stage_0_alone(tmp_path):
     """chorus_mini's data stage builds the tuning tasks' validation rows with --rounds 0 --fail-fraction 0
     (train_val profiles): build_sft takes that command as emitted and writes stage-0 rows; stage 1 adds none."""
     import chorus_mini as cm
+    import profiles
     (tmp_path / "data").mkdir()
     tasks = generate_tasks(2, 0, "train", families=["parity", "decoder"])
     (tmp_path / "data" / "tuning_tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    c = cm.apply_overrides(cm.PROFILES["small3"], ["sim_workers=1", "eval_tasks=", "tune_source=val"])
+    c = profiles.apply_overrides(profiles.PROFILES["small3"], ["sim_workers=1", "eval_tasks=", "tune_source=val"])
     (cmd,) = [x for x in cm.data_cmds(c, tmp_path, tmp_path / "m") if "val_sft" in str(x.argv)]
     argv = [str(a) for a in cmd.argv[2:]]
     argv[argv.index("--tasks") + 1] = str(tmp_path / "data" / "tuning_tasks.jsonl")

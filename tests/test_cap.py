@@ -212,14 +212,14 @@ def test_the_4b_profile_builds_its_random_model_from_the_small_model_tokenizer(t
 
 
 def test_budget_sets_are_valid_profile_overrides():
-    import chorus_mini
+    import profiles
     args = capbench.parse_args(["--eval-tasks", "x.jsonl", "--set", "sim_workers=3"])
     for profile in ("4b", "small"):
         sets = capbench.budget_sets(profile, args)
-        c = chorus_mini.apply_overrides(chorus_mini.PROFILES[profile], sets)   # unknown keys / types exit
+        c = profiles.apply_overrides(profiles.PROFILES[profile], sets)   # unknown keys / types exit
         assert c["real_corpus"] == "" and c["real_tasks"] == 0 and c["test_tasks"] == 0 and c["sim_workers"] == 3
         assert c["max_new_tokens"] == 64 and c["rl_steps"] == 2 and c["eval_tasks"].endswith("x.jsonl")
-    assert chorus_mini.apply_overrides(chorus_mini.PROFILES["small"], capbench.budget_sets("small", args))["sft_limit"] == 16
+    assert profiles.apply_overrides(profiles.PROFILES["small"], capbench.budget_sets("small", args))["sft_limit"] == 16
 
 
 def test_cpu_smoke_writes_every_stage_with_seconds_and_peak_fields(tmp_path):
@@ -290,12 +290,12 @@ def test_gpu_mem_flag_sets_the_cap_for_this_process_and_its_children(monkeypatch
 
 def test_full_keeps_the_profile_budgets_and_sums_every_stage():
     """--full (the speedrun): no tiny budgets, only what the command line names; the heading carries total_s."""
-    import chorus_mini
+    import profiles
     args = capbench.parse_args(["--full", "--eval-tasks", "x.jsonl", "--set", "rl_steps=7"])
     sets = capbench.budget_sets("small", args)
     assert sets == [f"eval_tasks={Path('x.jsonl').resolve()}", "rl_steps=7"]
-    c = chorus_mini.apply_overrides(chorus_mini.PROFILES["small"], sets)
-    assert c["max_new_tokens"] == chorus_mini.PROFILES["small"]["max_new_tokens"] and c["rl_steps"] == 7
+    c = profiles.apply_overrides(profiles.PROFILES["small"], sets)
+    assert c["max_new_tokens"] == profiles.PROFILES["small"]["max_new_tokens"] and c["rl_steps"] == 7
     assert capbench.budget_sets("small", capbench.parse_args(["--full"])) == []
     stage = {"status": "done", "seconds": 4.0, "peak_reserved_gib": None, "peak_allocated_gib": None,
              "nvidia_smi_peak_mib": None}

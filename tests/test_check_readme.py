@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-import chorus_mini
+import profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("check_readme", ROOT / "bench" / "check_readme.py")
@@ -48,7 +48,7 @@ def test_an_optional_record_is_skipped_while_missing_and_checked_once_written(tm
 def test_small2_is_the_published_runs_settings():
     """The profile resolves to the config the run recorded, apart from two machine-local paths."""
     recorded = json.loads((ROOT / "results" / "small2" / "report" / "report.json").read_text())["config"]
-    profile = chorus_mini.PROFILES["small2"]
+    profile = profiles.PROFILES["small2"]
     local = {"model", "eval_tasks"}     # the staged GGUF's path (the embedded model) and a copy of the dev set
     local |= {"eval_baselines"}         # newer than the run: baselines evaluated beside the models, no model changes
     local |= {"rl_easy_share", "rl_reward"}   # newer: the mix is read only with skill_train_tasks > 0 (off here),

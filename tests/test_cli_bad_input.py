@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import chorus_mini as cm
+import profiles
 import distill
 import evaluate
 import rl
@@ -210,12 +211,12 @@ def test_run_refuses_a_bad_set_at_once(tmp_path, item, line):
 
 
 def test_every_profile_passes_its_value_checks():
-    assert set(cm.VALUE_CHECKS) <= set(cm.PROFILES["smoke"])
+    assert set(profiles.VALUE_CHECKS) <= set(profiles.PROFILES["smoke"])
     assert {"paper", "small"} == set(rl.PROFILES)   # VALUE_CHECKS["rl_profile"] names them
-    for name, profile in cm.PROFILES.items():
-        for key, (ok, what) in cm.VALUE_CHECKS.items():
+    for name, profile in profiles.PROFILES.items():
+        for key, (ok, what) in profiles.VALUE_CHECKS.items():
             assert profile[key] is None or ok(profile[key]), (name, key, profile[key], what)
-    assert cm.apply_overrides(cm.PROFILES["smoke"], ["max_tokens_per_micro=auto", "eval_tasks="])["eval_tasks"] == ""
+    assert profiles.apply_overrides(profiles.PROFILES["smoke"], ["max_tokens_per_micro=auto", "eval_tasks="])["eval_tasks"] == ""
 
 
 def test_report_of_a_missing_run_folder_is_one_line(tmp_path, capsys):

@@ -171,9 +171,10 @@ def test_shard_blocks_are_contiguous_balanced_and_cover_the_list(monkeypatch, n,
 
 def test_chorus_mini_gpus_launches_the_training_and_eval_stages_with_accelerate():
     import chorus_mini
+    import profiles
     o = Path("/tmp/run")
     for gpus, head in ((1, ["python"]), (4, ["accelerate", "launch", "--multi_gpu", "--num_processes", "4"])):
-        c = chorus_mini.apply_overrides(chorus_mini.PROFILES["smoke"], [f"gpus={gpus}"])
+        c = profiles.apply_overrides(profiles.PROFILES["smoke"], [f"gpus={gpus}"])
         cmds = [chorus_mini.sft_cmd(c, o, "M", "d.jsonl"), chorus_mini.rl_cmd(c, o, "M", 0),
                 chorus_mini.opd_cmd(c, o, "M", "opd"), chorus_mini.eval_cmd(c, o, "M", None, o / "t", o / "e", 1, 0)]
         for cmd, script in zip(cmds, ["sft.py", "rl.py", "distill.py", "evaluate.py"]):

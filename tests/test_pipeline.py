@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import chorus_mini as cm
+import profiles
 import rundir
 from helpers import EXECUTED, run_in_process
 
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # --set
 
 def test_set_parses_types():
-    base = cm.PROFILES["smoke"]
-    c = cm.apply_overrides(base, ["rl_steps=7", "sft_lr=1", "grad_ckpt=true", "model=tiny", "merge_rank=32",
+    base = profiles.PROFILES["smoke"]
+    c = profiles.apply_overrides(base, ["rl_steps=7", "sft_lr=1", "grad_ckpt=true", "model=tiny", "merge_rank=32",
                                   "sft_limit=None", "eval_tasks=../x/y.jsonl", "quant='4bit'"])
     assert c["rl_steps"] == 7 and isinstance(c["rl_steps"], int)
     assert c["sft_lr"] == 1.0 and isinstance(c["sft_lr"], float)        # int accepted for a float
@@ -37,11 +38,11 @@ def test_set_parses_types():
     assert c["model"] == "tiny" and c["merge_rank"] == 32 and c["sft_limit"] is None
     assert c["eval_tasks"] == "../x/y.jsonl" and c["quant"] == "4bit"
     assert base["rl_steps"] != 7                                         # the profile itself is untouched
-    assert cm.apply_overrides(base, ["model=123"])["model"] == "123"    # a str key keeps numbers as text
-    assert cm.apply_overrides(base, ["model=None"])["model"] is None    # nullable: None in some profile
-    c = cm.apply_overrides(base, ["tune_limit=4", "sft_val_every=50"])  # None in every profile: int when set
+    assert profiles.apply_overrides(base, ["model=123"])["model"] == "123"    # a str key keeps numbers as text
+    assert profiles.apply_overrides(base, ["model=None"])["model"] is None    # nullable: None in some profile
+    c = profiles.apply_overrides(base, ["tune_limit=4", "sft_val_every=50"])  # None in every profile: int when set
     assert (c["tune_limit"], c["sft_val_every"]) == (4, 50)
-    assert cm.apply_overrides(c, ["tune_limit=None"])["tune_limit"] is None
+    assert profiles.apply_overrides(c, ["tune_limit=None"])["tune_limit"] is None
 
 
 @pytest.mark.parametrize("item, message", [
@@ -55,22 +56,22 @@ def test_set_parses_types():
 ])
 def test_set_rejects(item, message):
     with pytest.raises(SystemExit) as e:
-        cm.apply_overrides(cm.PROFILES["smoke"], [item])
+        profiles.apply_overrides(profiles.PROFILES["smoke"], [item])
     assert message in str(e.value) and "\n" not in str(e.value)       # one line
 
 
 def test_profiles_share_keys():
-    keys = set(cm.PROFILES["smoke"])
-    for name, profile in cm.PROFILES.items():
+    keys = set(profiles.PROFILES["smoke"])
+    for name, profile in profiles.PROFILES.items():
         assert set(profile) == keys, name
-    assert cm.PROFILES["4b"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and cm.PROFILES["4b"]["quant"] == "4bit"
+    assert profiles.PROFILES["4b"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and profiles.PROFILES["4b"]["quant"] == "4bit"
     assert set(cm.NEEDS) <= set(cm.STAGES)
     # release_fast: True/False are passed on to rl.py and distill.py, None leaves their GPU-size default
     o = Path("runs/x")
-    assert "--release-fast" in cm.common_train_opts(cm.PROFILES["4b"], o)
-    small = cm.common_train_opts(cm.PROFILES["small"], o)
+    assert "--release-fast" in cm.common_train_opts(profiles.PROFILES["4b"], o)
+    small = cm.common_train_opts(profiles.PROFILES["small"], o)
     assert "--release-fast" not in small and "--no-release-fast" not in small
-    assert "--no-release-fast" in cm.common_train_opts(cm.apply_overrides(cm.PROFILES["small"], ["release_fast=false"]), o)
+    assert "--no-release-fast" in cm.common_train_opts(profiles.apply_overrides(profiles.PROFILES["small"], ["release_fast=false"]), o)
 
 
 # -----------------------------------------------------------------------------
@@ -87,12 +88,12 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
 
     def value(args, flag):
         return args[args.index(flag) + 1] if flag in args else None
-    assert cm.PROFILES["small"]["train_val"] and not cm.PROFILES["smoke"]["train_val"]
-    off = cm.PROFILES["smoke"]
+    assert profiles.PROFILES["small"]["train_val"] and not profiles.PROFILES["smoke"]["train_val"]
+    off = profiles.PROFILES["smoke"]
     cmds = [cm.sft_cmd(off, o, "M", "data/stage0.jsonl"), cm.rl_cmd(off, o, "M", 0), cm.opd_cmd(off, o, "M", "opd")]
     assert not {"--val-tasks", "--val-data", "--val-every", "--stop-on-plateau"} & {a for c in cmds for a in argv(c)}
     assert not any("val_sft" in a for c in cm.data_cmds(off, o, o / "m") for a in argv(c))
-    on = cm.apply_overrides(cm.PROFILES["smoke"], ["train_val=true", "rl_val_every=7", "rl_stop_on_plateau=true"])
+    on = profiles.apply_overrides(profiles.PROFILES["smoke"], ["train_val=true", "rl_val_every=7", "rl_stop_on_plateau=true"])
     sft = argv(cm.sft_cmd(on, o, "M", "data/stage0.jsonl"))
     tasks = str(cm.rel(o / "data/val_tasks.jsonl"))            # paths as the stage commands write them
     assert value(sft, "--val-data") == str(cm.rel(o / "data/val_sft/stage0.jsonl"))
@@ -103,12 +104,12 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     assert "--stop-on-plateau" in argv(cm.rl_cmd(on, o, "M", 1))               # RL only: OPD's variants keep one budget
     assert "--stop-on-plateau" not in argv(cm.opd_cmd(on, o, "M", "opd_nogate"))
     assert "--min-steps" not in argv(cm.rl_cmd(on, o, "M", 0))
-    assert value(argv(cm.rl_cmd(cm.apply_overrides(on, ["rl_min_steps=100"]), o, "M", 0)), "--min-steps") == "100"
+    assert value(argv(cm.rl_cmd(profiles.apply_overrides(on, ["rl_min_steps=100"]), o, "M", 0)), "--min-steps") == "100"
     build = [argv(c) for c in cm.data_cmds(on, o, o / "m") if any("val_sft" in a for a in argv(c))]
     assert len(build) == 1 and value(build[0], "--tasks") == tasks
     assert value(build[0], "--rounds") == "0"
     # tune_source=dev: every choice on the dev file's tuning split (selected by the data stage), not the val tasks
-    dev = cm.apply_overrides(on, ["tune_source=dev"])
+    dev = profiles.apply_overrides(on, ["tune_source=dev"])
     (o / "dev.jsonl").write_text("")
     dev["eval_tasks"] = str(o / "dev.jsonl")
     tuning = str(cm.rel(o / "data/tuning_tasks.jsonl"))
@@ -133,8 +134,8 @@ def test_sft_pick_best_hands_on_the_best_validated_adapter(tmp_path):
         (o / f"sft{k}").mkdir()
     (o / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000004/adapter"}}))
     (o / "sft1/result.json").write_text(json.dumps({"outcome": {"finished": True}}))          # no validation
-    best = cm.apply_overrides(cm.PROFILES["smoke"], ["sft_pick=best"])
-    last = cm.PROFILES["smoke"]
+    best = profiles.apply_overrides(profiles.PROFILES["smoke"], ["sft_pick=best"])
+    last = profiles.PROFILES["smoke"]
     assert value(cm.rl_cmd(best, o, "M", 0), "--adapter") == str(cm.rel(o / "sft0/val_ckpt/step_000004/adapter"))
     assert value(cm.sft_cmd(best, o, "M", "d.jsonl", init="sft0", name="sft1"), "--init-adapter") == \
         str(cm.rel(o / "sft0/val_ckpt/step_000004/adapter"))
@@ -145,7 +146,7 @@ def test_sft_pick_best_hands_on_the_best_validated_adapter(tmp_path):
     assert cm.model_adapters(o, best)["sft0"] == o / "sft0/val_ckpt/step_000004/adapter"
     assert value(cm.rl_cmd(last, o, "M", 0), "--adapter") == str(cm.rel(o / "sft0/adapter"))
     with pytest.raises(SystemExit, match="sft_pick"):
-        cm.rl_cmd(cm.apply_overrides(cm.PROFILES["smoke"], ["sft_pick=bst"]), o, "M", 0)
+        cm.rl_cmd(profiles.apply_overrides(profiles.PROFILES["smoke"], ["sft_pick=bst"]), o, "M", 0)
 
 
 def test_execute_tees_output_and_reports_failure(tmp_path):
@@ -392,7 +393,7 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
     """merge_lams: every method merged at each lambda and scored on the tuning tasks, then pick-merge keeps the
     best (Pass@1, then Cov@1, then the lambda nearest 1) in merge/NAME; both DARE-TIES forms are merges."""
     o = tmp_path
-    c = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.5, 1.0, 1.5]", "tune_n=2"])
+    c = profiles.apply_overrides(profiles.PROFILES["smoke"], ["merge_lams=[0.5, 1.0, 1.5]", "tune_n=2"])
     cmds = [[str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c, o, "M")]
     merges = [a for a in cmds if a[1] == "merge.py" and "--rescale" not in a]
     assert len(merges) == len(cm.MERGES) == 5                    # one merge per method, at lambda 1
@@ -422,20 +423,20 @@ def test_merge_lambdas_are_chosen_on_the_tuning_tasks(tmp_path):
     assert choice["chosen"]["lam"] == 0.5 and len(choice["candidates"]) == 3
     assert (o / "merge" / "soup" / "adapter_model.safetensors").read_text() == "weights 0.5"
     assert not (o / "merge" / "soup" / "tune_eval").exists() and not (o / "merge" / "soup" / "done.json").exists()
-    c0 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.0, 0.5]"])     # no 1: merged at 0.5, 0 rescales it
+    c0 = profiles.apply_overrides(profiles.PROFILES["smoke"], ["merge_lams=[0.0, 0.5]"])     # no 1: merged at 0.5, 0 rescales it
     a0 = [[str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c0, o, "M")]
     soup0 = [a for a in a0 if a[1] == "merge.py" and "soup" in " ".join(a)]
     assert soup0[0][soup0[0].index("--lam") + 1] == "0.5" and "--rescale" in soup0[1]
     assert soup0[1][soup0[1].index("--lam") + 1] == "0.0"
     with pytest.raises(SystemExit, match="no non-zero lambda"):
-        cm.merge_cmds(cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[0.0, 0.0]"]), o, "M")
-    c1 = cm.apply_overrides(cm.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
+        cm.merge_cmds(profiles.apply_overrides(profiles.PROFILES["smoke"], ["merge_lams=[0.0, 0.0]"]), o, "M")
+    c1 = profiles.apply_overrides(profiles.PROFILES["smoke"], ["merge_lams=[1.0]"])           # one lambda: no tuning
     assert all("pick-merge" not in [str(x) for x in cmd.argv] for cmd in cm.merge_cmds(c1, o, "M"))
-    assert cm.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]
+    assert profiles.PROFILES["small"]["merge_lams"] == [0.5, 1.0, 1.5]
     # the small profile merges at SmolLM2's full rank (exact); the soup never takes --rank: its exact form is
     # the concatenation of the experts' factors (rank 48), which an SVD at --rank 576 would only pad with zeros
     small = {a[a.index("--out") + 1].rsplit("/", 1)[1]: a for a in
-             ([str(x) for x in cmd.argv] for cmd in cm.merge_cmds(cm.PROFILES["small"], o, "M"))
+             ([str(x) for x in cmd.argv] for cmd in cm.merge_cmds(profiles.PROFILES["small"], o, "M"))
              if a[1] == "merge.py" and "--rescale" not in a}
     assert "--rank" not in small["soup_lam1"] and len(small) == 5
     assert all(a[a.index("--rank") + 1] == "576" for k, a in small.items() if k != "soup_lam1")
@@ -460,14 +461,14 @@ def test_a_run_folder_older_than_tune_source_dev_is_a_clear_error(tmp_path):
 def test_eval_baselines_are_evaluated_beside_the_models(tmp_path):
     """The small profiles evaluate random stimulus and the template teacher as models of their own (evaluate.py
     --model random | teacher:LEVEL, no adapter), in eval/random and eval/teacher_strong; a bad name is one line."""
-    c = cm.PROFILES["small"]
+    c = profiles.PROFILES["small"]
     assert cm.baselines(c) == {"random": "random", "teacher_strong": "teacher:strong"}
-    assert cm.baselines(cm.PROFILES["smoke"]) == {}
+    assert cm.baselines(profiles.PROFILES["smoke"]) == {}
     cmd = cm.eval_cmd(c, tmp_path, "random", None, tmp_path / "t.jsonl", tmp_path / "eval" / "random", 5, 3)
     argv = cmd.argv
     assert argv[argv.index("--model") + 1] == "random" and "--adapter" not in argv
     with pytest.raises(SystemExit, match="unknown baseline"):
-        cm.baselines(cm.apply_overrides(c, ["eval_baselines=random,teacher:"]))
+        cm.baselines(profiles.apply_overrides(c, ["eval_baselines=random,teacher:"]))
 
 
 def test_train_val_source_skill_validates_sft_rl_and_opd_on_the_skill_val_tasks(tmp_path):
@@ -475,21 +476,21 @@ def test_train_val_source_skill_validates_sft_rl_and_opd_on_the_skill_val_tasks(
     validation tasks; tune (the default) keeps the tuning tasks; skill without skill_val_tasks is one line."""
     o = tmp_path
     value = lambda cmd, flag: str(cmd.argv[cmd.argv.index(flag) + 1])
-    small3 = cm.PROFILES["small3"]
+    small3 = profiles.PROFILES["small3"]
     skill = str(cm.rel(o / "data/skill_val/skill_tasks.jsonl"))
     for cmd in (cm.sft_cmd(small3, o, "M", "data/stage0.jsonl"), cm.rl_cmd(small3, o, "M", 1),
                 cm.opd_cmd(small3, o, "M", "opd")):
         assert value(cmd, "--val-tasks") == skill and value(cmd, "--val-n") == "2"
-    hot = cm.apply_overrides(small3, ["rl_temperature=1.2"])
+    hot = profiles.apply_overrides(small3, ["rl_temperature=1.2"])
     assert value(cm.rl_cmd(hot, o, "M", 0), "--temperature") == value(cm.opd_cmd(hot, o, "M", "opd"), "--temperature") == "1.2"
-    tune = cm.apply_overrides(small3, ["train_val_source=tune"])
+    tune = profiles.apply_overrides(small3, ["train_val_source=tune"])
     assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") == str(cm.rel(cm.tune_tasks(tune, o)))    # tuning or val
     assert value(cm.rl_cmd(tune, o, "M", 0), "--val-tasks") != skill
-    assert cm.PROFILES["small"]["train_val_source"] == "tune"
+    assert profiles.PROFILES["small"]["train_val_source"] == "tune"
     with pytest.raises(SystemExit, match="skill_val_tasks > 0"):
-        cm.rl_cmd(cm.apply_overrides(small3, ["skill_val_tasks=0"]), o, "M", 0)
+        cm.rl_cmd(profiles.apply_overrides(small3, ["skill_val_tasks=0"]), o, "M", 0)
     with pytest.raises(SystemExit, match="train_val_source"):
-        cm.apply_overrides(small3, ["train_val_source=dev"])
+        profiles.apply_overrides(small3, ["train_val_source=dev"])
     with pytest.raises(SystemExit, match="skill_val_tasks > 0"):       # refused before the data stage runs
         cm.main(["run", "--profile", "small3", "--set", "skill_val_tasks=0", "--out", str(o / "run"), "--only", "data"])
     assert not (o / "run" / "data").exists()
@@ -502,12 +503,12 @@ def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path)
     o = tmp_path
     argv = lambda cmd: [str(x) for x in cmd.argv]
     value = lambda args, flag: args[args.index(flag) + 1]
-    base = cm.PROFILES["smoke"]
+    base = profiles.PROFILES["smoke"]
     assert base["skill_train_tasks"] == 0
     train = str(cm.rel(o / "data/train_tasks.jsonl"))
     assert value(argv(cm.rl_cmd(base, o, "M", 0)), "--tasks") == train
     assert value(argv(cm.opd_cmd(base, o, "M", "opd")), "--tasks") == train
-    on = cm.apply_overrides(base, ["skill_train_tasks=8", "rl_easy_share=0.25"])
+    on = profiles.apply_overrides(base, ["skill_train_tasks=8", "rl_easy_share=0.25"])
     assert value(argv(cm.rl_cmd(on, o, "M", 2)), "--tasks") == str(cm.rel(o / "data/rl_tasks.jsonl"))
     assert value(argv(cm.opd_cmd(on, o, "M", "opd")), "--tasks") == str(cm.rel(o / "data/rl_tasks.jsonl"))
     data = [argv(c) for c in cm.data_cmds(on, o, o / "m")]
@@ -516,9 +517,9 @@ def test_skill_training_tasks_feed_sft_and_make_most_of_the_rl_prompts(tmp_path)
     assert value(data[-1], "--tasks") == str(cm.rel(o / "data/sft_tasks.jsonl"))     # build_sft comes last
     assert value(argv(cm.data2_cmd(on, o, "M")), "--tasks") == str(cm.rel(o / "data/sft_tasks.jsonl"))
     with pytest.raises(SystemExit, match="rl_easy_share"):
-        cm.apply_overrides(base, ["rl_easy_share=1"])
+        profiles.apply_overrides(base, ["rl_easy_share=1"])
     assert "--reward" not in argv(cm.rl_cmd(on, o, "M", 0))           # the paper's reward by default
-    over = cm.apply_overrides(on, ["rl_reward=over_random"])
+    over = profiles.apply_overrides(on, ["rl_reward=over_random"])
     floor_file = str(cm.rel(o / "data/rl_floor.json"))
     for cmd in (cm.rl_cmd(over, o, "M", 0), cm.opd_cmd(over, o, "M", "opd_rlfb")):
         assert value(argv(cmd), "--reward") == "over_random" and value(argv(cmd), "--floor") == floor_file
