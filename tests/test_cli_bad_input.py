@@ -219,6 +219,19 @@ def test_every_profile_passes_its_value_checks():
     assert profiles.apply_overrides(profiles.PROFILES["smoke"], ["max_tokens_per_micro=auto", "eval_tasks="])["eval_tasks"] == ""
 
 
+def test_profiles_prints_a_profile_with_its_overrides(capsys):
+    """python profiles.py NAME --set k=v: the settings run would use, as JSON; bad input is one line naming profiles.py."""
+    assert profiles.main(["small3", "--set", "rl_temperature=0.9"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["rl_temperature"] == 0.9 and shown == {**profiles.PROFILES["small3"], "rl_temperature": 0.9}
+    assert profiles.main([]) == 0 and capsys.readouterr().out.split() == sorted(profiles.PROFILES)
+    for argv, line in ((["small3", "--set", "lora_r=0"], "profiles.py: --set lora_r=0: must be at least 1"),
+                       (["--set", "lora_r=2"], "profiles.py: --set needs a profile name")):
+        with pytest.raises(SystemExit) as e:
+            profiles.main(argv)
+        assert str(e.value) == line
+
+
 def test_report_of_a_missing_run_folder_is_one_line(tmp_path, capsys):
     import report
     missing = tmp_path / "nope"
