@@ -12,7 +12,7 @@ The loop (docs/method.md §1.6), per task and sample, rounds r = 0..R (R = --rou
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
 3. Each answer is parsed and, when usable (not no_code / truncated), simulated (score.submit_answer,
-   on a sim.SimPool). Simulations of one batch run while the policy generates the next batch.
+   on a simpool.SimPool). Simulations of one batch run while the policy generates the next batch.
 4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
    (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
    CovResult order (compiles, has coverage, passes targets, overall) with two refinements: an
@@ -55,6 +55,7 @@ import harness
 import rundir
 import score
 import sim
+import simpool
 from data import floor, teacher
 
 Policy = Callable[[list[list[dict]]], list[str]]   # message lists in, one answer text per list out; optional
@@ -143,7 +144,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         _, r, text, res = best[i]
         return harness.refine_state_messages(task, text, res, answer_mode), r
 
-    with sim.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) as pool:
+    with simpool.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) as pool:
         for r in range(rounds + 1):
             active = [i for i in range(len(samples)) if not stopped[i]]
             t_gen, t0, pending = 0.0, time.time(), []

@@ -34,6 +34,7 @@ import fastgen
 import harness
 import rundir
 import sim
+import simpool
 
 
 # -----------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
 
 
 def sim_score_fn(pool, target_mode="icarus", answer_mode="testbench", floors=None):
-    """score_fn for two_round_rollouts backed by sim.SimPool (submit_answer): unparseable answers get
+    """score_fn for two_round_rollouts backed by simpool.SimPool (submit_answer): unparseable answers get
     reward 0 without simulating. floors: {task id: random_cov} for --reward over_random (None: task reward)."""
     def score(task, completion):
         _, wait = submit_answer(pool, task, completion.text, target_mode, answer_mode)
@@ -614,7 +615,7 @@ def make_scorer(args, tasks=()):
     """(SimPool, score_fn) from the rollout flags (tasks: the run's, for --reward over_random's floors); the
     caller closes the pool."""
     floors = reward_floors(args, tasks)            # before the pool: a missing floor is one line, nothing started
-    pool = sim.SimPool(args.sim_workers or dist.cpu_share(), cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
+    pool = simpool.SimPool(args.sim_workers or dist.cpu_share(), cfg=sim.ScoreConfig(timeout_s=args.sim_timeout))
     return pool, sim_score_fn(pool, args.target_mode, getattr(args, "answer_mode", "testbench"), floors)
 
 

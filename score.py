@@ -13,6 +13,7 @@ from tqdm import tqdm
 import common
 import harness
 import sim
+import simpool
 
 # -----------------------------------------------------------------------------
 # Scoring one answer: parse -> simulate -> reward -> usable or not
@@ -98,7 +99,7 @@ def prepare_answer(task, text, target_mode="cvdp", answer_mode="testbench"):
 
 
 def submit_answer(pool, task, text, target_mode="cvdp", answer_mode="testbench"):
-    """Parse `text` (prepare_answer) and, when it gave a job, submit its simulation to a sim.SimPool.
+    """Parse `text` (prepare_answer) and, when it gave a job, submit its simulation to a simpool.SimPool.
     Returns (Answer, wait): wait() -> the result dict (the simulation runs meanwhile, so the caller can
     generate the next batch)."""
     answer, job, res = prepare_answer(task, text, target_mode, answer_mode)
@@ -111,8 +112,8 @@ def submit_answer(pool, task, text, target_mode="cvdp", answer_mode="testbench")
 def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate", answer_mode="testbench",
                   retry_starved=False):
     """[(task, answer text)] -> [result dict], in order (prepare_answer per pair). The jobs are simulated
-    with `workers` processes (sim.SimPool; 1 = in this process), under a tqdm bar with the counts per status.
-    retry_starved: as sim.simulate_many's (a timeout the busy machine starved of CPU runs once more, alone)."""
+    with `workers` processes (simpool.SimPool; 1 = in this process), under a tqdm bar with the counts per status.
+    retry_starved: as simpool.simulate_many's (a timeout the busy machine starved of CPU runs once more, alone)."""
     prepared = [prepare_answer(t, text, target_mode, answer_mode) for t, text in pairs]
     todo = [i for i, (_, job, _) in enumerate(prepared) if job is not None]
     jobs = [prepared[i][1] for i in todo]
@@ -121,7 +122,7 @@ def score_answers(pairs, workers=None, target_mode="cvdp", desc="simulate", answ
     with tqdm(total=len(jobs), desc=desc, dynamic_ncols=True, disable=not jobs) as bar, \
             contextlib.ExitStack() as stack:
         if (workers or os.cpu_count() or 1) > 1 and len(jobs) > 1:
-            pool = stack.enter_context(sim.SimPool(workers))
+            pool = stack.enter_context(simpool.SimPool(workers))
             futures = [pool.submit(j) for j in jobs]
             done = (f.result() for f in futures)
         else:

@@ -12,7 +12,7 @@ How it works (three layers, each testable alone):
      `check_testbench` (tbcheck.py) pre-scans the testbench (cached per testbench+DUT+inst hash).
      `build_script`/`bwrap_argv` turn a run into argv lists.
   2. Run (box.py, re-exported here). `run_job_dir` hands the run to this process's persistent sh loop (`_Box`: ONE bubblewrap start
-     per process, i.e. per SimPool worker), which runs a tiny script in a subshell in the run's fresh
+     per process, i.e. per simpool.SimPool worker), which runs a tiny script in a subshell in the run's fresh
      folder: resource limits, compile (iverilog), simulate (one SIGINT at the limit, then SIGKILL: vvp -n ... -none).
   3. Parse. `score_run` reads the probe records (per-run secret tag), keeps `<tbtop>.<inst>` and everything
      below it (generate blocks, submodules), and computes metrics -> `SimResult`.
@@ -23,7 +23,7 @@ zero-time glitches never count; the time-0 value is the starting value; X/Z tran
 fsm (heuristic states + S->T transitions). overall_pct = mean over block, expression, toggle, fsm with
 items (profile "imc"); profile "strict" adds branch. overall_covered_pct is item weighted.
 reward = 1 + overall/100 when status is ok, else 0 (so timeout and sim_time_limit earn 0, as the paper's
-harness fails a run that does not finish). For many runs keep one SimPool (workers start once).
+harness fails a run that does not finish). For many runs keep one simpool.SimPool (workers start once).
 
 What the sandbox covers (when bubblewrap works): the box's folder (mounted at /sim), holding only the
 current run's fresh folder and emptied between runs, is the only writable path (/ and /dev are remounted
@@ -70,9 +70,9 @@ Known gaps and deviations from docs/coverage.md:
     times out on a busy one. Each run records its simulation's CPU seconds (timings["sim_cpu"], the shell's
     `times` around vvp); starved_timeout() names a timeout that got less than half its limit in CPU time, and
     the data builds (teacher.calibrate, build_sft, the random floor) and bench/score_answers.py run those once
-    more alone (rerun_starved; simulate_many / score_answers retry_starved). Training and evaluation score as
-    before: a timeout earns 0 whatever its cause; rl.py and distill.py log each step's timeout_rate and
-    starved_timeouts, so a run can see when load cost it rewards.
+    more alone (simpool.rerun_starved; simpool.simulate_many / score_answers retry_starved). Training and
+    evaluation score as before: a timeout earns 0 whatever its cause; rl.py and distill.py log each step's
+    timeout_rate and starved_timeouts, so a run can see when load cost it rewards.
   - Pre-scan unsupported-construct findings (covergroup, SVA, randomize, clocking, ...) do not block the
     run: they are reported as the first errors when Icarus then fails, and as notes when it does not.
   - Limits: rlimits come from `ulimit` in the sandbox script rather than the prlimit binary (same kernel
@@ -88,11 +88,9 @@ Usage:
   python sim.py prepare --rtl A.sv [...] --top MODULE
 """
 import argparse
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import queue
 import os
 import re
 import secrets
@@ -102,7 +100,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -299,7 +296,7 @@ def job_from_task(task, tb_source, target_mode="cvdp", inst_path=None, all_uncov
             **({"all_uncovered": True} if all_uncovered else {})}
 
 
-def _check_job(job):
+def check_job(job):
     if not isinstance(job, dict):
         raise ValueError(f"a job must be a dict, got {type(job).__name__}")
     for k in ("rtl_files", "top", "inst", "tb"):
@@ -645,7 +642,7 @@ def simulate(job, cfg=None):
     """Score one job ({id, rtl_files, top, inst, tb, targets}) -> SimResult. Never raises for bad
     testbenches: every failure is a status; scorer bugs become internal_error with the traceback in notes."""
     cfg = cfg or ScoreConfig()
-    _check_job(job)
+    check_job(job)
     if cfg.profile not in PROFILES:
         raise ValueError(f"unknown profile {cfg.profile!r} (use {', '.join(PROFILES)})")
     res = SimResult(id=str(job.get("id", "")))
@@ -824,81 +821,7 @@ def reward(result):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Many runs: long-lived worker processes (pyslang import ~0.4 s; prepared DUTs cached per worker)
-
-class SimPool:
-    """Long-lived worker processes that score jobs: submit(job) -> Future[SimResult], so simulation overlaps
-    generation. Each worker is `python sim.py worker` (JSON lines over pipes): no fork of the caller (safe
-    next to CUDA and threads) and no `if __name__ == "__main__"` needed in the caller. Workers keep their
-    prepared-DUT cache; a worker that dies is restarted and its job gets an internal_error result."""
-
-    def __init__(self, workers=None, cfg=None):
-        self.cfg = cfg or ScoreConfig()
-        self.workers = max(1, workers or os.cpu_count() or 1)
-        self._jobs = queue.Queue()
-        self._threads = [threading.Thread(target=self._serve, daemon=True) for _ in range(self.workers)]
-        for t in self._threads:
-            t.start()
-
-    def _start_worker(self):
-        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker",
-                                 "--cfg", json.dumps(dataclasses.asdict(self.cfg))],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-
-    def _serve(self):
-        proc = self._start_worker()
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                break
-            job, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                proc.stdin.write(json.dumps(job) + "\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-            except (BrokenPipeError, OSError):
-                line = ""
-            if not line:           # the worker died: report it on this job, start a fresh worker
-                rc = proc.poll()
-                proc.kill()
-                proc.wait()
-                proc = self._start_worker()
-                res = SimResult(id=str(job.get("id", "")), status=INTERNAL_ERROR)
-                res.notes.append(f"sim worker process died (rc={rc}); restarted")
-                fut.set_result(res)
-                continue
-            out = json.loads(line)
-            if "error" in out:
-                fut.set_exception(ValueError(out["error"]))
-            else:
-                fut.set_result(SimResult.from_dict(out))
-        proc.stdin.close()
-        proc.wait()
-
-    def submit(self, job):
-        _check_job(job)
-        fut = concurrent.futures.Future()
-        self._jobs.put((job, fut))
-        return fut
-
-    def map(self, jobs):
-        futures = [self.submit(j) for j in jobs]
-        return [f.result() for f in futures]
-
-    def close(self):
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
+# Many runs (simpool.py): `python sim.py worker` is what each of SimPool's long-lived processes runs
 
 def _worker_main(cfg_json):
     """`python sim.py worker`: read one job (JSON) per stdin line, write one result (JSON) per stdout line."""
@@ -926,40 +849,6 @@ def starved_timeout(result, timeout_s=None):
     timings = get("timings") or {}
     cpu, limit = timings.get("sim_cpu"), timeout_s or timings.get("sim_limit")
     return get("status") == TIMEOUT and cpu is not None and limit is not None and cpu < STARVED_CPU_SHARE * limit
-
-
-def rerun_starved(jobs, results, cfg=None):
-    """results with each starved timeout (starved_timeout) replaced by a second run of its job in this process; call it
-    while no other simulation runs, so the second run gets the CPU the first lacked."""
-    return [simulate(j, cfg) if starved_timeout(r) else r for j, r in zip(jobs, results)]
-
-
-def simulate_many(jobs, workers=None, cfg=None, verbose=True, retry_starved=False):
-    """Score jobs with `workers` long-lived processes (1 = in this process); results in input order.
-    Ends with one summary line on stderr: runs, runs/s and counts per status. retry_starved: a starved timeout
-    (starved_timeout: the machine was too busy to give it its limit in CPU time) runs once more, alone in this
-    process after the others, and its second result is kept (data builds: so a build on a loaded machine keeps
-    the designs a quiet one keeps)."""
-    t0 = time.perf_counter()
-    workers = max(1, workers or os.cpu_count() or 1)
-    if workers == 1 or len(jobs) <= 1:
-        results = [simulate(j, cfg) for j in jobs]
-    else:
-        with SimPool(workers, cfg) as pool:
-            results = pool.map(jobs)
-    starved = [i for i, r in enumerate(results) if starved_timeout(r)]     # each result carries its limit
-    if retry_starved:
-        results = rerun_starved(jobs, results, cfg)
-    dt = time.perf_counter() - t0
-    if verbose:
-        counts = {}
-        for r in results:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        print(f"sim: {len(results)} runs in {dt:.1f}s ({len(results) / max(dt, 1e-9):.1f} runs/s, {workers} workers): "
-              + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-              + (f" (starved timeouts: {len(starved)}{', run again alone' if retry_starved else ''})" if starved else ""),
-              file=sys.stderr)
-    return results
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import sim  # noqa: E402
+import simpool  # noqa: E402
 
 
 def plain_run(job, timeout_s):
@@ -80,7 +81,8 @@ def runners(mod_new, mod_old, jobs, workers, timeout_s):
             if workers == 1:                                           # in-process, like simulate_many
                 out[f"{which}_{label}"] = lambda js, mod=mod, cfg=cfg: [mod.simulate(j, cfg) for j in js]
             else:
-                pool = mod.SimPool(workers, cfg)
+                pool = (mod.SimPool(workers, cfg) if hasattr(mod, "SimPool")        # before simpool.py
+                        else simpool.SimPool(workers, cfg, script=mod.__file__))
                 out[f"{which}_{label}"] = pool.map
                 closers.append(pool.close)
     return out, closers
@@ -103,8 +105,8 @@ def measure(run, jobs, repeat):
 
 
 def old_sim(commit):
-    """sim.py (and instrument.py, tbcheck.py when that commit has them) at a commit, imported as a separate
-    module."""
+    """sim.py (and instrument.py, tbcheck.py, box.py when that commit has them) at a commit, imported as a
+    separate module; its workers (its own SimPool, or simpool.SimPool with script=) run that copy."""
     d = Path(tempfile.mkdtemp(prefix="bench_old_sim_"))
     for name in ("sim.py", "instrument.py", "tbcheck.py", "box.py", "vpi/toggle_cov.c"):
         p = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=ROOT, capture_output=True)

@@ -76,6 +76,7 @@ def run_bench(tasks, workers=None, seed=0):
     """Score every column for every task. Returns {rows, timings, sims}; rows[i] = {id, group,
     pct: {col: float or None}, status: {col: str}} (ceiling None when the task has no reference_tb)."""
     import sim
+    import simpool
     from data import teacher
     t_start = time.perf_counter()
     rows, jobs, where = [], [], []
@@ -101,7 +102,7 @@ def run_bench(tasks, workers=None, seed=0):
             row["pct"]["ceiling"], row["status"]["ceiling"] = None, "none"
     t_gen = time.perf_counter()
     results = {}
-    for (i, col), r in zip(where, sim.simulate_many(jobs, workers=workers)):
+    for (i, col), r in zip(where, simpool.simulate_many(jobs, workers=workers)):
         d = r.to_dict()
         results[(i, col)] = d
         rows[i]["pct"][col], rows[i]["status"][col] = pct_of(d), d["status"]
@@ -117,7 +118,7 @@ def run_bench(tasks, workers=None, seed=0):
         ref_jobs.append(sim.job_from_task(t, teacher.answer_code(a)))
         ref_idx.append(i)
     t_ref = time.perf_counter()
-    for i, r in zip(ref_idx, sim.simulate_many(ref_jobs, workers=workers)):
+    for i, r in zip(ref_idx, simpool.simulate_many(ref_jobs, workers=workers)):
         d = r.to_dict()
         rows[i]["pct"]["weak+refine"], rows[i]["status"]["weak+refine"] = pct_of(d), d["status"]
         if d["status"] != "ok":

@@ -32,7 +32,7 @@ Filters, in this order, each counted per source as reason -> count (pool_stats.j
   prompt_too_long    the chat prompt (common.build_messages) is over max_prompt_tokens
   teacher_reaches_nothing  the template teacher's strong, long and refined testbenches reach no coverage
 Then every kept design gets the Icarus-calibrated target `icarus_overall_average` (data.teacher.calibrate:
-strong + long template + one refinement, simulated with sim.simulate_many in chunks, with progress).
+strong + long template + one refinement, simulated with simpool.simulate_many in chunks, with progress).
 
 Tokens: SmolLM2's tokenizer (common's converted GGUF folder) when tokenizer="smollm2" (default); with
 tokenizer="chars" (tests, or when the model is missing) tokens = ceil(chars / CHARS_PER_TOKEN), the

@@ -241,10 +241,11 @@ def attach_ceilings(tasks, workers=None, cfg=None):
     {block, branch, expression, toggle, fsm (pct or None), overall, status}. Returns tasks."""
     try:
         import sim
+        import simpool
     except ImportError as e:
         raise RuntimeError("ceilings need the kit's scorer sim.py (run from the repo root)") from e
     jobs = [sim.job_from_task(t, t["reference_tb"]) for t in tasks]
-    for t, r in zip(tasks, sim.simulate_many(jobs, workers=workers, cfg=cfg)):
+    for t, r in zip(tasks, simpool.simulate_many(jobs, workers=workers, cfg=cfg)):
         ceil = {m: (v or {}).get("pct") for m, v in (r.metrics or {}).items()}
         ceil["overall"] = r.overall_pct
         ceil["status"] = r.status

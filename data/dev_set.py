@@ -145,9 +145,10 @@ def rtllm_tasks(root, commit, instances):
 def check_reference_tbs(tasks, workers=2):
     """Drop each reference testbench that does not compile and run with its design (sim.py status ok)."""
     import sim
+    import simpool
     with_tb = [t for t in tasks if "reference_tb" in t]
     jobs = [sim.job_from_task(t, t["reference_tb"]["content"]) for t in with_tb]
-    for task, res in zip(with_tb, sim.simulate_many(jobs, workers=workers, verbose=False)):
+    for task, res in zip(with_tb, simpool.simulate_many(jobs, workers=workers, verbose=False)):
         if res.status != "ok":
             print(f"dev_set: {task['id']}: reference testbench dropped ({res.status})")
             del task["reference_tb"]

@@ -45,6 +45,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.py, harness.py
 import harness  # noqa: E402
 import sim  # noqa: E402
+import simpool  # noqa: E402
 
 CYCLES, RESET_PERIOD = 20_000, 1_000   # the default baseline: 20 resets x 1,000 random cycles
 RESET_CYCLES = 3                       # reset_dut(): 2 cycles asserted + 1 released
@@ -160,7 +161,7 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
     """{task_key: floor record} for `tasks` (records found in `cache` with the same signature are reused).
 
     A record: {id, rtl_sha, signature, random_pass, random_cov, random_cycles, budgets} or, for a task the
-    kit cannot harness, {id, rtl_sha, signature, error}. Runs are scored on one sim.SimPool under a tqdm bar;
+    kit cannot harness, {id, rtl_sha, signature, error}. Runs are scored on one simpool.SimPool under a tqdm bar;
     on_task(key, record) is called as each task completes (the CLI saves there)."""
     cache = dict(cache or {})
     out, todo = {}, []
@@ -182,7 +183,7 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
     n_runs = sum(len(x[4]) for x in todo)
     if not todo:
         return out
-    with sim.SimPool(workers or 2, cfg=cfg) as pool, \
+    with simpool.SimPool(workers or 2, cfg=cfg) as pool, \
             tqdm(total=n_runs, desc="random floor", dynamic_ncols=True, disable=not progress or not n_runs) as bar:
         for key, base, t, h, runs in todo:
             jobs = []
@@ -195,7 +196,7 @@ def calibrate_floor(tasks, budgets=BUDGETS, seeds=1, target_mode="cvdp", workers
                 bar.update(1)
             # the pool is idle between tasks: a timeout the busy machine starved of CPU runs once more here, so the
             # floor does not depend on what else the machine runs
-            results = sim.rerun_starved(jobs, results, cfg)
+            results = simpool.rerun_starved(jobs, results, cfg)
             rows, never = [], None
             for (c, p, s), r in zip(runs, results):
                 ok = r.status == sim.OK and r.overall_pct is not None

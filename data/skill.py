@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root
 import harness  # noqa: E402
 import sim  # noqa: E402
+import simpool  # noqa: E402
 from data import floor, skill_designs, teacher  # noqa: E402
 
 MIN_GAP = 5.0       # points random must stay below the reachable coverage (the rule)
@@ -94,7 +95,7 @@ def known_runs(tasks, workers=2, use_teacher=True):
             ref = t["reference_tb"]
             jobs.append(sim.job_from_task(t, ref["content"] if isinstance(ref, dict) else ref, all_uncovered=True))
             whose.append((t["id"], "reference testbench"))
-    for (tid, by), r in zip(whose, sim.simulate_many(jobs, workers=workers, verbose=False) if jobs else []):
+    for (tid, by), r in zip(whose, simpool.simulate_many(jobs, workers=workers, verbose=False) if jobs else []):
         runs[tid].append((by, r.to_dict()))
     return runs
 

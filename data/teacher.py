@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kit root: sim.p
 import common  # noqa: E402
 import harness  # noqa: E402
 import sim  # noqa: E402
+import simpool  # noqa: E402
 from harness import HarnessError, analyze_dut  # noqa: E402  (re-exported: callers use teacher.analyze_dut)
 
 LEVELS = ("minimal", "weak", "medium", "strong", "long")
@@ -749,7 +750,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True, runs=None):
         keep.append(answers)
         for a in answers or []:
             jobs.append(sim.job_from_task(t, answer_code(a), all_uncovered=whole))
-    results = sim.simulate_many(jobs, workers=workers, cfg=cfg, retry_starved=True)
+    results = simpool.simulate_many(jobs, workers=workers, cfg=cfg, retry_starved=True)
     it = iter(results)
     per_task = [[_as_dict(next(it)) for _ in a] if a else [] for a in keep]
     ref_jobs, ref_idx = [], []
@@ -758,7 +759,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True, runs=None):
             ans = refine(t, answers[1], res[1])
             ref_jobs.append(sim.job_from_task(t, answer_code(ans), all_uncovered=whole))
             ref_idx.append(i)
-    ref_res = dict(zip(ref_idx, (_as_dict(r) for r in sim.simulate_many(ref_jobs, workers=workers, cfg=cfg,
+    ref_res = dict(zip(ref_idx, (_as_dict(r) for r in simpool.simulate_many(ref_jobs, workers=workers, cfg=cfg,
                                                                          retry_starved=True))))
     out = []
     for i, t in enumerate(tasks):

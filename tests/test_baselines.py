@@ -127,7 +127,7 @@ def test_floor_on_a_design_random_passes_and_one_it_cannot(tmp_path, monkeypatch
     # cached: same key and signature, nothing simulated again; other targets: computed again
     floor.save_floor(tmp_path / "floor.json", got)
     cache = floor.load_floor(tmp_path / "floor.json")
-    monkeypatch.setattr(floor.sim, "SimPool", None)
+    monkeypatch.setattr(floor.simpool, "SimPool", None)
     assert floor.calibrate_floor(TASKS, budgets, cache=cache, progress=False) == got
     with pytest.raises(TypeError):
         floor.calibrate_floor([make_task("t_mux", "mux2", MUX, target=99.0)], budgets, cache=cache, progress=False)
@@ -159,7 +159,7 @@ class _StarvingPool:
 def test_floor_runs_a_starved_timeout_again(monkeypatch):
     """A wall-clock timeout that got little CPU (a loaded machine) is simulated once more: the floor is the quiet
     machine's, not 0 coverage for that run."""
-    monkeypatch.setattr(floor.sim, "SimPool", _StarvingPool)
+    monkeypatch.setattr(floor.simpool, "SimPool", _StarvingPool)
     got = floor.calibrate_floor(TASKS[:1], ((100, None),), seeds=2, progress=False)[floor.task_key(TASKS[0])]
     assert [r["status"] for r in got["runs"]] == [sim.OK, sim.OK]
     assert got["random_pass"] == 1.0 and got["random_cov"] == 100.0

@@ -9,6 +9,7 @@ import pytest
 
 import harness
 import sim
+import simpool
 
 DESIGNS = Path(__file__).resolve().parent / "designs"
 FIXTURES = [("counter.sv", "counter"),       # clocked, active-low reset, parameterised width
@@ -76,7 +77,7 @@ def test_make_harness_refuses_what_it_cannot_drive():
 def test_empty_stimulus_compiles_and_runs_on_every_fixture():
     tasks = [fixture_task(n, top) for n, top in FIXTURES]
     jobs = [sim.job_from_task(t, harness.assemble(harness.make_harness(t), "")[0]) for t in tasks]
-    for t, r in zip(tasks, sim.simulate_many(jobs, workers=2, verbose=False)):
+    for t, r in zip(tasks, simpool.simulate_many(jobs, workers=2, verbose=False)):
         assert r.status == "ok" and r.compile_ok and r.sim_finished, (t["id"], r.status, r.errors[:3])
         assert 0 < r.overall_pct < 100, (t["id"], r.overall_pct)
 
@@ -157,7 +158,7 @@ def test_prescan_still_rejects_writes_and_dut_redefinition_in_the_assembled_file
     bodies = ["dut_a.q = 4'd3;",
               "end\nend\nendmodule\nmodule counter (input clk); endmodule\nmodule tb_x;\ninitial begin\nbegin"]
     jobs = [sim.job_from_task(COUNTER, harness.assemble(h, b)[0]) for b in bodies]
-    for b, r in zip(bodies, sim.simulate_many(jobs, workers=2, verbose=False)):
+    for b, r in zip(bodies, simpool.simulate_many(jobs, workers=2, verbose=False)):
         assert r.status == "rejected", (b, r.status, r.errors[:2])
     assert "redefines DUT module" in " ".join(e["msg"] for e in r.errors)
 

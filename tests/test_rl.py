@@ -19,6 +19,7 @@ import common
 import onpolicy
 import rl
 import sim
+import simpool
 import rundir
 from onpolicy import Group, Sample, Score, per_token_logps
 from rl import compute_advantages, dapo_loss
@@ -678,7 +679,7 @@ def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
 
 @pytest.mark.needs_iverilog
 def test_sim_score_fn_rewards_a_real_testbench():
-    with sim.SimPool(2) as pool:
+    with simpool.SimPool(2) as pool:
         score = onpolicy.sim_score_fn(pool)
         good = score(AND_TASK, SimpleNamespace(text=GOOD_TB))()
         bad = score(AND_TASK, SimpleNamespace(text=BAD_TB))()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import sim
+import simpool
 
 DESIGNS = Path(__file__).resolve().parent / "designs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,11 +185,11 @@ def test_result_roundtrip_and_feedback_bound():
 def test_simulate_many_order_and_pool():
     jobs = [job("counter.sv", "counter", "tb_counter.sv"), job("andor.sv", "andor", "tb_andor.sv"),
             job("fsm.sv", "fsm", "tb_fsm.sv")]
-    seq = sim.simulate_many(jobs, workers=1, verbose=False)
-    par = sim.simulate_many(jobs, workers=2, verbose=False)
+    seq = simpool.simulate_many(jobs, workers=1, verbose=False)
+    par = simpool.simulate_many(jobs, workers=2, verbose=False)
     assert [r.overall_pct for r in seq] == [r.overall_pct for r in par]
     assert [r.id for r in par] == [j["id"] for j in jobs]
-    with sim.SimPool(2) as pool:
+    with simpool.SimPool(2) as pool:
         fut = pool.submit(jobs[1])
         assert fut.result().overall_pct == pytest.approx(70.0)
 

@@ -19,6 +19,7 @@ import time
 import pytest
 
 import sim
+import simpool
 from helpers import COUNTER_RTL as COUNTER, COUNTER_TB_HEAD as HEAD
 
 FAST = sim.ScoreConfig(timeout_s=5, compile_timeout_s=20, mem_limit_mb=1024)
@@ -237,9 +238,9 @@ def test_starved_timeouts_run_again_alone_when_asked(monkeypatch):
 
     monkeypatch.setattr(sim, "simulate", fake)
     jobs = [{"id": i} for i in ("ok", "starved", "loop")]
-    assert [r.status for r in sim.simulate_many(jobs, workers=1)] == [sim.OK, sim.TIMEOUT, sim.TIMEOUT]
+    assert [r.status for r in simpool.simulate_many(jobs, workers=1)] == [sim.OK, sim.TIMEOUT, sim.TIMEOUT]
     calls.clear()
-    got = sim.simulate_many(jobs, workers=1, retry_starved=True)
+    got = simpool.simulate_many(jobs, workers=1, retry_starved=True)
     assert [r.status for r in got] == [sim.OK, sim.OK, sim.TIMEOUT] and calls == ["ok", "starved", "loop", "starved"]
     calls.clear()
     monkeypatch.setattr(score, "prepare_answer", lambda t, text, tm, am: (t, {"id": t["id"]}, None))

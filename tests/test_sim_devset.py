@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import sim
+import simpool
 
 DESIGNS = Path(__file__).resolve().parent / "designs"
 
@@ -55,7 +56,7 @@ def plain_icarus_runs(task, tmp_path):
 def test_reference_testbenches_score(tasks, tmp_path):
     with_tb = [t for t in tasks if t.get("reference_tb")]
     assert len(with_tb) == 48
-    results = sim.simulate_many([sim.job_from_task(t, t["reference_tb"]["content"]) for t in with_tb],
+    results = simpool.simulate_many([sim.job_from_task(t, t["reference_tb"]["content"]) for t in with_tb],
                                 workers=min(2, os.cpu_count() or 1), verbose=False)
     bad = []
     for t, r in zip(with_tb, results):
@@ -79,7 +80,7 @@ def test_reference_testbenches_identical_with_both_toggle_backends(tasks):
     keys = ("status", "metrics", "overall_pct", "per_instance", "uncovered", "targets", "notes", "sim_time")
     got = {}
     for backend in ("verilog", "vpi"):
-        results = sim.simulate_many(jobs, workers=min(2, os.cpu_count() or 1), verbose=False,
+        results = simpool.simulate_many(jobs, workers=min(2, os.cpu_count() or 1), verbose=False,
                                     cfg=sim.ScoreConfig(toggle_backend=backend))
         assert all(r.versions["toggle_backend"] == backend for r in results)
         got[backend] = [{k: getattr(r, k) for k in keys} for r in results]

@@ -14,6 +14,7 @@ import pytest
 import harness
 import instrument
 import sim
+import simpool
 import tbcheck
 from helpers import COUNTER_RTL, COUNTER_TB_HEAD, DESIGNS
 
@@ -152,7 +153,7 @@ def test_assembled_hostile_stimuli_are_rejected_by_the_scorer_too():
     bodies = ["\\uut .q = 4'd3;", "`define P uut\n`P.q = 4'd3;", "uut.q++;", '$sscanf("3", "%d", uut.q);',
               '$readmemh("rom.hex", uut.q);']
     jobs = [sim.job_from_task(task, harness.assemble(H, b)[0]) for b in bodies]
-    for b, r in zip(bodies, sim.simulate_many(jobs, workers=2, verbose=False)):
+    for b, r in zip(bodies, simpool.simulate_many(jobs, workers=2, verbose=False)):
         assert r.status == sim.REJECTED and sim.reward(r) == 0, (b, r.status)
 
 
@@ -164,7 +165,7 @@ def test_never_ending_stimulus_scores_like_the_same_testbench():
     stim_tb = harness.assemble(H, "en = 1'b1;\nforever step(1);")[0]
     whole_tb = COUNTER_TB_HEAD + "  initial begin #12 rst_n = 1; en = 1; forever @(negedge clk); end\nendmodule\n"
     jobs = [sim.job_from_task(task, stim_tb), dict(sim.job_from_task(task, whole_tb))]
-    stim, whole = sim.simulate_many(jobs, workers=2, cfg=cfg, verbose=False)
+    stim, whole = simpool.simulate_many(jobs, workers=2, cfg=cfg, verbose=False)
     assert stim.status == whole.status == sim.SIM_TIME_LIMIT, (stim.status, whole.status)
     assert sim.reward(stim) == sim.reward(whole) == 0
 

@@ -177,7 +177,8 @@ def test_icarus_target_rule():
 
 def _scored(task, answers):
     sim = pytest.importorskip("sim")
-    res = sim.simulate_many([sim.job_from_task(task, teacher.answer_code(a)) for a in answers], workers=2)
+    import simpool
+    res = simpool.simulate_many([sim.job_from_task(task, teacher.answer_code(a)) for a in answers], workers=2)
     return [r.to_dict() for r in res]
 
 
@@ -327,6 +328,7 @@ def _scored_stimulus(task, answers, allow_rejected=False):
     """Result dicts of stimulus answers; with allow_rejected, one the harness's check refuses gets its
     rejected_result (nothing simulated), as the score path gives it."""
     sim = pytest.importorskip("sim")
+    import simpool
     h = harness.make_harness(task)
     jobs, out = [], []
     for a in answers:
@@ -337,7 +339,7 @@ def _scored_stimulus(task, answers, allow_rejected=False):
         assert p.reason == "ok", (task["id"], p.reason, p.why)
         jobs.append(sim.job_from_task(task, p.tb))
         out.append(None)
-    results = iter(r.to_dict() for r in sim.simulate_many(jobs, workers=2, verbose=False))
+    results = iter(r.to_dict() for r in simpool.simulate_many(jobs, workers=2, verbose=False))
     return [r if r is not None else next(results) for r in out]
 
 
