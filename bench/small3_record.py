@@ -6,6 +6,7 @@ temperature). Re-run it as the run goes on; results/small3_run.md quotes its num
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
 """
 import argparse
+import collections
 import gzip
 import json
 import statistics
@@ -82,9 +83,9 @@ def read_samples(folder):
 
 
 def sweep(state):
-    """{temperature: the direct and agentic headline, hole fixes, what became of the refinements of states that ran
-    and round-0 reward spread} for each finished
-    state/sweep/T*/ (one with metrics.json: evaluate.py writes it last)."""
+    """{temperature: the direct and agentic headline, hole fixes, what became of the refinements of states that
+    ran, and round-0 reward spread} for each finished state/sweep/T*/ (one with metrics.json: evaluate.py writes
+    it last)."""
     out = {}
     for d in sorted((state / "sweep").glob("T*")):
         if not (d / "metrics.json").is_file():
@@ -120,12 +121,9 @@ def sft_stage(folder):
 def refine_status(samples):
     """What became of the refinements of states that ran: the scorer's status of each round r >= 1 answer whose
     state (round `state_round`) finished its run, counted (a hole can only be fixed by an answer that runs)."""
-    out = {}
-    for smp in samples:
-        for r in smp["rounds"][1:]:
-            if r.get("state_round") is not None and smp["rounds"][r["state_round"]]["result"].get("status") == "ok":
-                out[r["result"].get("status")] = out.get(r["result"].get("status"), 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    return dict(collections.Counter(r["result"].get("status") for smp in samples for r in smp["rounds"][1:]
+                                    if r.get("state_round") is not None
+                                    and smp["rounds"][r["state_round"]]["result"].get("status") == "ok").most_common())
 
 
 def record(state):
