@@ -270,7 +270,8 @@ PROFILES["small2"] = {
 # skill-family instances (their known stimuli in SFT) and the split's training pool designs make 80 % of the RL /
 # OPD prompts. Real skill designs need the design pool: build it as results/skill_bench.md says and add
 # --set skill_pool=runs/pool/pool.jsonl. rl_reward stays the paper's until the two rewards separate on the skill
-# validation tasks (results/small3_run.md: inconclusive after 30 steps). The merge lambdas stay on the tuning tasks.
+# validation tasks (results/small3_run.md: inconclusive after 30 steps); rl_temperature stays 1.0 (the same record's
+# temperature sweep chose it). The merge lambdas stay on the tuning tasks.
 PROFILES["small3"] = {
     **PROFILES["small2"],
     "skill_tasks": 150,
