@@ -1,7 +1,8 @@
 """results/small3_run.json from the round-3 run's kept state (results/small3/state/): the data counts, each
-stage's validation table and step statistics, the reward pilot's two rl0 arms side by side and the rollout
+stage's validation table and step statistics, the reward pilot's two rl0 arms side by side, the rollout
 temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl, plain or gzipped, per
-temperature). Re-run it as the run goes on; results/small3_run.md quotes its numbers.
+temperature) and later stages' picks on the sweep's tasks and decoding (state/refine/STAGE/, the same files).
+Re-run it as the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
 """
@@ -82,23 +83,26 @@ def read_samples(folder):
     return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
-def sweep(state):
-    """{temperature: the direct and agentic headline, hole fixes, what became of the refinements of states that
-    ran, and round-0 reward spread} for each finished state/sweep/T*/ (one with metrics.json: evaluate.py writes
-    it last)."""
-    out = {}
-    for d in sorted((state / "sweep").glob("T*")):
-        if not (d / "metrics.json").is_file():
-            continue
-        m = json.loads((d / "metrics.json").read_text())
-        samples = read_samples(d)
-        n = m["n"]
-        pick = lambda h: {k: round(h[k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")}   # noqa: E731
-        out[d.name[1:]] = {"n": n, "tasks": m["num_tasks"], "direct": pick(m["direct"]), "agentic": pick(m["agentic"]),
-                           "direct_pass@1_ci95": [round(x, 4) for x in m["direct"]["pass@1_ci95"]],
-                           "hole_fixes": m["hole_fixes"], "failures_direct": m["direct"]["failures"],
-                           **spread(samples), "refine_status": refine_status(samples)}
-    return out
+def eval_summary(folder):
+    """One evaluate.py folder: the direct and agentic headline, hole fixes, what became of the refinements of
+    states that ran, and round-0 reward spread; None until it is finished (metrics.json: evaluate.py writes it last)."""
+    if not (folder / "metrics.json").is_file():
+        return None
+    m = json.loads((folder / "metrics.json").read_text())
+    samples = read_samples(folder)
+    n = m["n"]
+    pick = lambda h: {k: round(h[k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")}   # noqa: E731
+    return {"n": n, "tasks": m["num_tasks"], "direct": pick(m["direct"]), "agentic": pick(m["agentic"]),
+            "direct_pass@1_ci95": [round(x, 4) for x in m["direct"]["pass@1_ci95"]],
+            "hole_fixes": m["hole_fixes"], "failures_direct": m["direct"]["failures"],
+            **spread(samples), "refine_status": refine_status(samples)}
+
+
+def summaries(folder, prefix=""):
+    """{name without prefix: eval_summary} of the finished evaluation folders in `folder` whose names start with
+    prefix: state/sweep/T* (the temperature sweep), state/refine/* (a stage's pick on the same tasks and decoding)."""
+    found = ((d.name[len(prefix):], eval_summary(d)) for d in sorted(folder.glob(prefix + "*")) if d.is_dir())
+    return {name: summary for name, summary in found if summary is not None}
 
 
 def pick_temperature(sweep):
@@ -137,9 +141,11 @@ def record(state):
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
     if (state / "sweep").is_dir():
-        rec["sweep"] = sweep(state)
+        rec["sweep"] = summaries(state / "sweep", "T")
         if "1.0" in rec["sweep"]:
             rec["sweep_pick"] = pick_temperature(rec["sweep"])
+    if (state / "refine").is_dir():
+        rec["refine"] = summaries(state / "refine")
     return rec
 
 

@@ -70,6 +70,12 @@ def _state(tmp_path):
                                            "hole_fixes": {"steps": 0}})
     _write(s / "sweep/T1.0/samples.jsonl", [{"task_id": "a", **ran(50.0)}])           # as evaluate.py writes it
     (s / "sweep/T0.7").mkdir()                                                          # cut before metrics.json
+    _write(s / "refine/sft1/metrics.json", {"n": 2, "num_tasks": 1, "direct": head, "agentic": head,
+                                            "hole_fixes": {"steps": 1, "fixed_any": 100.0}})
+    refined = [{"result": {"status": "ok", "overall_pct": 50.0}},
+               {"state_round": 0, "result": {"status": "ok", "overall_pct": 80.0}}]         # a refinement that ran
+    _write(s / "refine/sft1/samples.jsonl", [{"task_id": "a", "rounds": refined}])
+    (s / "refine/sft2").mkdir()                                                         # not finished: left out
     return s
 
 
@@ -93,6 +99,8 @@ def test_the_record_reads_the_state(tmp_path):
     assert t13["tasks"] == 4 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0   # a and c
     assert sorted(rec["sweep"]) == ["1.0", "1.3"] and rec["sweep"]["1.0"]["zero_spread"] == 1.0
     assert t13["refine_status"] == {"truncated": 2, "ok": 1} and rec["sweep"]["1.0"]["refine_status"] == {}
+    assert list(rec["refine"]) == ["sft1"] and rec["refine"]["sft1"]["refine_status"] == {"ok": 1}
+    assert rec["refine"]["sft1"]["hole_fixes"]["fixed_any"] == 100.0 and rec["refine"]["sft1"]["zero_spread"] == 1.0
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
 
 
