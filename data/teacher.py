@@ -760,7 +760,7 @@ def calibrate(tasks, workers=None, cfg=None, progress=True, runs=None):
             ref_jobs.append(sim.job_from_task(t, answer_code(ans), all_uncovered=whole))
             ref_idx.append(i)
     ref_res = dict(zip(ref_idx, (_as_dict(r) for r in simpool.simulate_many(ref_jobs, workers=workers, cfg=cfg,
-                                                                         retry_starved=True))))
+                                                                             retry_starved=True))))
     out = []
     for i, t in enumerate(tasks):
         pcts = {"strong_pct": None, "long_pct": None, "refined_pct": None}

@@ -220,7 +220,8 @@ def test_every_profile_passes_its_value_checks():
 
 
 def test_profiles_prints_a_profile_with_its_overrides(capsys):
-    """python profiles.py NAME --set k=v: the settings run would use, as JSON; bad input is one line naming profiles.py."""
+    """python profiles.py NAME --set k=v: the settings run would use, as JSON; bad input is one line naming
+    profiles.py."""
     assert profiles.main(["small3", "--set", "rl_temperature=0.9"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["rl_temperature"] == 0.9 and shown == {**profiles.PROFILES["small3"], "rl_temperature": 0.9}

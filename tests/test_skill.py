@@ -53,7 +53,7 @@ def test_cli_writes_the_split_and_a_reusable_floor(tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "out" / "skill_tasks.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["skill_code_lock_0"]
     assert len(floor.load_floor(tmp_path / "out" / "floor.json")) == 2
-    monkeypatch.setattr(floor.simpool, "SimPool", None)             # a second run: every floor from the cache
+    monkeypatch.setattr(floor.simpool, "SimPool", None)         # a second run: every floor from the cache
     assert skill.main(argv) == 0
 
 
