@@ -468,6 +468,7 @@ def sft_cmd(c, o, model, data, init=None, name="sft0"):
                 *opts(model=model, quant=c["quant"], init_adapter=init and rel(sft_adapter(c, o, init)),
                       lora_r=c["lora_r"], epochs=c["sft_epochs"], lr=c["sft_lr"], batch_size=c["sft_batch_size"],
                       grad_accum=c["sft_grad_accum"], max_len=c["sft_max_len"], limit=c["sft_limit"],
+                      max_answer_tokens=c["max_new_tokens"] if c["sft_answer_cap"] else None,
                       seed=c["seed"], gradient_checkpointing=c["grad_ckpt"]), *sft_val_opts(c, o), "--resume"])
 
 

@@ -71,6 +71,9 @@ PROFILES = {
         "sft_batch_size": 1,       # rows per micro-batch (memory)
         "sft_grad_accum": 2,       # micro-batches per step
         "sft_max_len": 2048,       # tokens per row (prompts cut from the left)
+        "sft_answer_cap": False,   # True: SFT drops rows whose answer is longer than max_new_tokens (sft.py
+                                   # --max-answer-tokens), as the paper's data generation retries a truncated
+                                   # completion; off in the published runs (small3's SFT rows: 3-6 % are longer)
         # generation (stage-2 rollouts, RL, OPD, validation, eval)
         "max_new_tokens": 64,      # response cap: far too short for a testbench, keeps smoke fast
         # RL (rl.py), identical for the three experts

@@ -9,7 +9,9 @@ What one stage does, in order:
 2. Tokenize each row with the model's chat template. The loss covers the LAST assistant turn only
    (LLaMA-Factory `mask_history: true`); the prompt, earlier turns and padding get label -100.
    A row longer than --max-len loses tokens from the LEFT of its prompt; the target is never cut
-   (a row whose target alone does not fit is dropped and counted).
+   (a row whose target alone does not fit is dropped and counted). --max-answer-tokens N (the decoding cap)
+   drops, and counts, a row whose target (answer + end-of-turn tokens) is longer than N: SFT then teaches no
+   answer that decoding cannot finish, as the paper's data, whose generation retries a truncated completion.
 3. Start the LoRA adapter: fresh (common.add_lora) for stage 0, or the previous stage's adapter
    (--init-adapter) so that stages are progressive, as in the paper.
 4. Train: AdamW, cosine LR with linear warmup (ratio 0.03), gradient accumulation, grad-norm clip 1.0,
@@ -314,7 +316,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               lora_dropout=0.05, weight_decay=0.0, max_grad_norm=1.0, group_by_length=False,
               gradient_checkpointing=False, save_every=100, stop_after_steps=None, progress=True,
               extra_config=None, max_tokens_per_micro="auto", val_rows=None, val_tasks=None, val_every=None,
-              val_options=None, deadline=None):
+              val_options=None, deadline=None, max_answer_tokens=None):
     """Train one SFT stage on `rows` (chat dicts); write adapter/, logs, result.json and done.json.
 
     `model` is a base model (an adapter is added, or --init-adapter loaded, as trainable) or an
@@ -334,6 +336,9 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
 
     deadline: a rundir.Deadline (None: $CHORUS_DEADLINE's, read here): near it the run stops between steps,
     checkpointed, with outcome deadline_stop; done.json is not written and `resume=True` continues it.
+
+    max_answer_tokens: training rows whose target is longer are dropped (setup's dropped_long_answers; None:
+    kept). Validation rows are kept whatever their length.
     """
     t0 = time.time()
     dist.init()
@@ -346,7 +351,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
               "lora_alpha": lora_alpha, "lora_dropout": lora_dropout, "weight_decay": weight_decay,
               "max_grad_norm": max_grad_norm, "group_by_length": group_by_length,
               "gradient_checkpointing": gradient_checkpointing, "max_tokens_per_micro": max_tokens_per_micro,
-              **(extra_config or {})}
+              "max_answer_tokens": max_answer_tokens, **(extra_config or {})}
     validating = bool(val_rows) or bool(val_tasks)
     if val_every is not None and val_every < 1:
         raise ValueError(f"val_every must be >= 1 optimizer step, got {val_every}")
@@ -356,15 +361,19 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     # (the process count is not part of the config: a run may resume with another one)
 
     # 1. data
-    encoded, dropped = [], 0
+    encoded, dropped, long_answers = [], 0, 0
     for row in rows:
         e = encode_row(tok, row["messages"], max_len)
         if e is None:
             dropped += 1
+        elif max_answer_tokens and sum(label != IGNORE for label in e["labels"]) > max_answer_tokens:
+            long_answers += 1
         else:
             encoded.append(e)
     if not encoded:
-        raise ValueError(f"no trainable rows ({len(rows)} given, {dropped} longer than max_len={max_len})")
+        raise ValueError(f"no trainable rows ({len(rows)} given, {dropped} longer than max_len={max_len}"
+                         + (f", {long_answers} answers longer than max_answer_tokens={max_answer_tokens}" if long_answers
+                            else "") + ")")
     lengths = [len(e["input_ids"]) for e in encoded]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     micro_per_epoch = math.ceil(len(encoded) / batch_size)
@@ -372,7 +381,7 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
     total_steps = steps_per_epoch * epochs
     warmup_steps = max(1, round(warmup_ratio * total_steps)) if warmup_ratio > 0 else 0
     setup = {"rows": len(rows), "rows_used": len(encoded), "rows_sha": rows_digest(encoded),
-             "dropped_too_long": dropped,
+             "dropped_too_long": dropped, "dropped_long_answers": long_answers,
              "prompts_truncated": sum(e["prompt_cut"] > 0 for e in encoded),
              "tokens": sum(lengths), "target_tokens": sum(sum(l != IGNORE for l in e["labels"]) for e in encoded),
              "steps": total_steps, "warmup_steps": warmup_steps}
@@ -585,6 +594,8 @@ def main(argv=None):
     # Data
     p.add_argument("--data", required=True, nargs="+", help="chat JSONL file(s) from data/build_sft.py")
     p.add_argument("--max-len", type=int, default=4096, help="tokens; prompts are cut from the left")
+    p.add_argument("--max-answer-tokens", type=int, default=None,
+                   help="drop rows whose answer is longer (tokens; the decoding cap); default: keep every row")
     p.add_argument("--limit", type=int, default=None, help="use only the first N rows (smoke runs)")
     p.add_argument("--group-by-length", action="store_true", help="batch rows of similar length")
     # Validation (none given: no validation)
@@ -619,6 +630,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     print(f"sft.py: answer mode {args.answer_mode} (validation)" if args.val_tasks else "sft.py: rows as given (--data)")
 
+    if args.max_answer_tokens is not None and args.max_answer_tokens < 1:
+        raise ValueError(f"--max-answer-tokens must be >= 1, got {args.max_answer_tokens}")
     dist.init()               # several processes: before the model lands on this rank's GPU
     deadline = rundir.Deadline()      # $CHORUS_DEADLINE, refused (one line) before anything loads
     rows = [r for path in args.data for r in load_rows(path)]
@@ -654,7 +667,8 @@ def main(argv=None):
                        group_by_length=args.group_by_length, gradient_checkpointing=args.gradient_checkpointing,
                        save_every=args.save_every, stop_after_steps=args.max_steps, extra_config=extra,
                        max_tokens_per_micro=args.max_tokens_per_micro, val_rows=val_rows, val_tasks=val_tasks,
-                       val_every=args.val_every, val_options=val_options, deadline=deadline)
+                       val_every=args.val_every, val_options=val_options, deadline=deadline,
+                       max_answer_tokens=args.max_answer_tokens)
     if result["outcome"]["deadline_stop"]:
         dist.barrier()        # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE

@@ -93,6 +93,9 @@ def test_train_val_reaches_sft_rl_and_opd(tmp_path):
     cmds = [cm.sft_cmd(off, o, "M", "data/stage0.jsonl"), cm.rl_cmd(off, o, "M", 0), cm.opd_cmd(off, o, "M", "opd")]
     assert not {"--val-tasks", "--val-data", "--val-every", "--stop-on-plateau"} & {a for c in cmds for a in argv(c)}
     assert not any("val_sft" in a for c in cm.data_cmds(off, o, o / "m") for a in argv(c))
+    assert "--max-answer-tokens" not in argv(cmds[0])           # sft_answer_cap off: every row trains
+    capped = profiles.apply_overrides(off, ["sft_answer_cap=true", "max_new_tokens=1280"])
+    assert value(argv(cm.sft_cmd(capped, o, "M", "data/stage0.jsonl")), "--max-answer-tokens") == "1280"
     on = profiles.apply_overrides(profiles.PROFILES["smoke"], ["train_val=true", "rl_val_every=7", "rl_stop_on_plateau=true"])
     sft = argv(cm.sft_cmd(on, o, "M", "data/stage0.jsonl"))
     tasks = str(cm.rel(o / "data/val_tasks.jsonl"))            # paths as the stage commands write them

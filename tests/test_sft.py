@@ -296,6 +296,30 @@ def test_batches_cover_every_row_once_per_epoch():
     assert sft.make_batches(lengths, 3, 0, 1) != sft.make_batches(lengths, 3, 0, 2)
 
 
+def test_answers_longer_than_the_decoding_cap_are_dropped_and_counted(rows, tmp_path, capsys):
+    """--max-answer-tokens N: a row whose target is longer than N tokens is not trained on (the decoder could never
+    finish it); the rest train exactly as a run given only them. Validation rows stay whatever their length."""
+    model, tok = fresh()
+    rows = [{**r, "messages": r["messages"][:-1] + [{"role": "assistant", "content": r["messages"][-1]["content"]
+                                                     + "\n// more stimulus" * (3 * i)}]} for i, r in enumerate(rows)]
+    n = [sum(label != -100 for label in sft.encode_row(tok, r["messages"], 4096)["labels"]) for r in rows]
+    cap = sorted(n)[len(n) // 2]                          # the median target: about half the rows are longer
+    kept = [r for r, k in zip(rows, n) if k <= cap]
+    assert 0 < len(kept) < len(rows)
+    kw = dict(epochs=1, lr=1e-3, batch_size=2, grad_accum=1, max_len=512, stop_after_steps=1, progress=False,
+              max_tokens_per_micro=None)
+    capped = sft.train_sft(*fresh(), rows, tmp_path / "cap", max_answer_tokens=cap, val_rows=rows[:1], **kw)
+    alone = sft.train_sft(*fresh(), kept, tmp_path / "alone", **kw)
+    assert capped["setup"]["rows_used"] == len(kept) and capped["setup"]["dropped_long_answers"] == len(rows) - len(kept)
+    assert capped["setup"]["rows_sha"] == alone["setup"]["rows_sha"] and alone["setup"]["dropped_long_answers"] == 0
+    assert capped["config"]["max_answer_tokens"] == cap and capped["setup"]["val_rows_used"] == 1
+    with pytest.raises(ValueError, match=f"{len(rows)} answers longer than max_answer_tokens=1"):
+        sft.train_sft(*fresh(), rows, tmp_path / "none", max_answer_tokens=1, **kw)
+    assert rundir.cli("sft.py", sft.main, ["--data", "x.jsonl", "--out", str(tmp_path / "o"),
+                                           "--max-answer-tokens", "0"]) == 1
+    assert capsys.readouterr().err == "sft.py: error: --max-answer-tokens must be >= 1, got 0\n"
+
+
 def test_a_malformed_row_file_ends_in_one_line(tmp_path, capsys):
     bad = tmp_path / "rows.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n" + json.dumps({"kind": "x"}) + "\n")
