@@ -371,9 +371,10 @@ def train_sft(model, tok, rows, out_dir, *, epochs=1, lr=2e-4, batch_size=4, gra
         else:
             encoded.append(e)
     if not encoded:
-        raise ValueError(f"no trainable rows ({len(rows)} given, {dropped} longer than max_len={max_len}"
-                         + (f", {long_answers} answers longer than max_answer_tokens={max_answer_tokens}" if long_answers
-                            else "") + ")")
+        why = f"{dropped} longer than max_len={max_len}"
+        if long_answers:
+            why += f", {long_answers} answers longer than max_answer_tokens={max_answer_tokens}"
+        raise ValueError(f"no trainable rows ({len(rows)} given, {why})")
     lengths = [len(e["input_ids"]) for e in encoded]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     micro_per_epoch = math.ceil(len(encoded) / batch_size)
