@@ -116,10 +116,23 @@ def pick_temperature(sweep):
 def sft_stage(folder):
     """An SFT stage's kept folder: finished or not (done.json), time and steps so far, its pick, rows, validation."""
     res = json.loads((folder / "result.json").read_text())
-    return {"done": (folder / "done.json").is_file(), "train_s": res["outcome"]["time_s"],
+    done = folder / "done.json"
+    return {"done": done.is_file(), "wall_s": json.loads(done.read_text()).get("seconds") if done.is_file() else None,
+            "train_s": res["outcome"]["time_s"],
             "steps": res["outcome"]["steps_done"], "steps_planned": res["setup"]["steps"],
             "pick": res["outcome"]["val_best_adapter"], "rows_used": res["setup"]["rows_used"],
             "val": val_table(folder / "log.jsonl")}
+
+
+def self_induced(folder):
+    """The stage-2 data (data/build_sft.py with sft1's pick as the policy): row counts by kind, what became of the
+    policy's own runs and refinement candidates, and the stage's wall time."""
+    info, done = (json.loads((folder / f).read_text()) for f in ("build_info.json", "done.json"))
+    s2 = info["stage2"]
+    return {"policy": {k: info["stage2_policy"][k] for k in ("n", "temperature", "top_p", "max_new_tokens")},
+            "rows_by_kind": info["sizes_by_kind"]["stage2"], "new_rows": s2["rows"],
+            "runs_by_status": s2["runs_by_status"], "states": s2["states"], "kept_by_kind": s2["kept_by_kind"],
+            "rejected_no_improvement": s2["rejected_no_improvement"], "wall_s": done["seconds"]}
 
 
 def refine_status(samples):
@@ -134,9 +147,11 @@ def record(state):
     """The record's dict from a kept state folder."""
     state = Path(state)
     rec = {"status": "in progress", "data": data_counts(state), "stages": {}, "pilot": {}}
-    for name in ("sft0", "sft1"):
+    for name in ("sft0", "sft1", "sft2"):
         if (state / name / "result.json").is_file():
             rec["stages"][name] = sft_stage(state / name)
+    if (state / "data2/done.json").is_file():
+        rec["data2"] = self_induced(state / "data2")
     for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}

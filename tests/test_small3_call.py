@@ -1,5 +1,6 @@
 """bench/gpu/small3_call.sh (one job of the round-3 run on a GPU machine) on CPU with a synthetic kept state: it
-restores the run folder (data, stage folders, sft0's adapter as its picked checkpoint and as sft1's step 0), runs
+restores the run folder (data, stage folders, each finished SFT stage's adapter as its picked checkpoint and
+as the step 0 of the stage cut after it), runs
 the commands with $RUN and a deadline, and packs the named paths back in parts, leaving optimizer state behind."""
 import io
 import json
@@ -30,9 +31,13 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     (state / "rl0/ckpt/step_000033").mkdir(parents=True)
     (state / "rl0/ckpt/step_000033/optimizer.pt").write_text("moments")
     (state / "rl0/ckpt/step_000033/meta.json").write_text("{}")
-    (state / "sft1/ckpt/step_000168").mkdir(parents=True)       # a stage cut at a deadline, kept without step 0
-    (adapters / "sft0").mkdir(parents=True)
-    (adapters / "sft0/adapter_config.json").write_text("{}")
+    (state / "sft1").mkdir()                                    # finished: its pick is published
+    (state / "sft1/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000624/adapter"}}))
+    (state / "sft1/done.json").write_text("{}")
+    (state / "sft2/ckpt/step_000209").mkdir(parents=True)       # a stage cut at a deadline, kept without step 0
+    for name in ("sft0", "sft1"):
+        (adapters / name).mkdir(parents=True)
+        (adapters / name / "adapter_config.json").write_text(json.dumps({"from": name}))
     stage.mkdir()
     (stage / "env.sh").write_text("export STAGED=yes\n")        # set up by an earlier job
     (stage / "smollm2.gguf").write_text("model")
@@ -47,9 +52,11 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = stage / "s3"
     assert (run / "data/done.json").is_file() and (run / "rl0/ckpt/step_000033/meta.json").is_file()
-    assert (run / "sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
-    assert (run / "sft1/val_ckpt/step_000000/adapter/adapter_config.json").is_file()    # sft1 starts from sft0's pick
-    assert (run / "sft1/ckpt/step_000168").is_dir()
+    read = lambda p: json.loads((run / p / "adapter_config.json").read_text())["from"]   # noqa: E731
+    assert read("sft0/val_ckpt/step_000312/adapter") == "sft0" and read("sft1/val_ckpt/step_000624/adapter") == "sft1"
+    assert read("sft2/val_ckpt/step_000000/adapter") == "sft1"       # sft2 resumes from sft1's pick
+    assert not (run / "sft1/val_ckpt/step_000000").exists()          # a finished stage needs no step 0
+    assert (run / "sft2/ckpt/step_000209").is_dir()
     assert (run / "made").is_file()                                   # LINK points at the run folder
     staged, deadline = (out / "env.txt").read_text().split()
     assert staged == "yes" and t0 + 100 - 30 - 2 <= int(deadline) <= time.time() + 100 - 30   # 30 s kept to pack

@@ -1,6 +1,6 @@
 """bench/small3_record.py: the round-3 record's numbers come from the kept state (a synthetic one here): data counts
 from data.tgz, each SFT stage's validation table (a stage cut at a deadline too), each pilot arm's validation rows,
-step medians (from step 2) and wall time, and each sweep temperature's reward spread and refinement outcomes."""
+step medians (from step 2) and wall time, the stage-2 data's counts, and each sweep temperature's reward spread and refinement outcomes."""
 import gzip
 import importlib.util
 import io
@@ -40,7 +40,13 @@ def _state(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     _write(s / "sft0/result.json", {"outcome": {"time_s": 12.5, "steps_done": 4, "val_best_adapter": "val_ckpt/x"},
                                     "setup": {"rows_used": 5, "steps": 4}})
-    (s / "sft0/done.json").write_text("{}")
+    (s / "sft0/done.json").write_text('{"seconds": 20.0}')
+    _write(s / "data2/build_info.json", {"stage2_policy": {"n": 2, "temperature": 0.7, "top_p": 0.8, "max_new_tokens": 9,
+                                                           "adapter": "x"},
+                                         "sizes_by_kind": {"stage2": {"direct": 5, "refine_coverage": 2}},
+                                         "stage2": {"rows": 2, "runs_by_status": {"ok": 9, "truncated": 1}, "states": 3,
+                                                    "kept_by_kind": {"refine_coverage": 2}, "rejected_no_improvement": 1}})
+    _write(s / "data2/done.json", {"seconds": 30.5})
     _write(s / "sft1/result.json", {"outcome": {"time_s": 3.0, "steps_done": 2, "val_best_adapter": "val_ckpt/0"},
                                     "setup": {"rows_used": 7, "steps": 9}})     # stopped at a deadline: no done.json
     _write(s / "sft1/log.jsonl", [{"step": 0, "val": 1, "val/pass@1": 40.0}, {"step": 2, "loss": 0.5}])
@@ -87,8 +93,13 @@ def test_the_record_reads_the_state(tmp_path):
     assert rec["data"]["mix"] == {"train_real": 3, "train_synthetic": 2}
     assert rec["data"]["skill_split"]["skill_train"]["tasks"] == 3
     sft0 = rec["stages"]["sft0"]
-    assert sft0["done"] and sft0["steps"] == 4 and sft0["val"] == [{"step": 4, "val/reward": 1.5, "val/pass@1": 50.0}]
-    assert rec["stages"]["sft1"] == {"done": False, "train_s": 3.0, "steps": 2, "steps_planned": 9, "pick": "val_ckpt/0",
+    assert sft0["done"] and sft0["wall_s"] == 20.0 and sft0["steps"] == 4 and sft0["val"] == [{"step": 4, "val/reward": 1.5, "val/pass@1": 50.0}]
+    assert rec["data2"] == {"policy": {"n": 2, "temperature": 0.7, "top_p": 0.8, "max_new_tokens": 9},
+                            "rows_by_kind": {"direct": 5, "refine_coverage": 2}, "new_rows": 2,
+                            "runs_by_status": {"ok": 9, "truncated": 1}, "states": 3,
+                            "kept_by_kind": {"refine_coverage": 2}, "rejected_no_improvement": 1, "wall_s": 30.5}
+    assert "sft2" not in rec["stages"]
+    assert rec["stages"]["sft1"] == {"done": False, "wall_s": None, "train_s": 3.0, "steps": 2, "steps_planned": 9, "pick": "val_ckpt/0",
                                      "rows_used": 7, "val": [{"step": 0, "val/pass@1": 40.0}]}
     task, over = rec["pilot"]["task"], rec["pilot"]["over_random"]
     assert task["entropy_median"] == 0.1 and over["entropy_median"] == 0.3      # step 1 is left out of the medians

