@@ -113,6 +113,23 @@ def pick_temperature(sweep):
     return min(ok, key=lambda t: (sweep[t]["zero_spread"], -sweep[t]["direct"][f"pass@{sweep[t]['n']}"]))
 
 
+REWARD_STEP = 50
+
+
+def pick_reward(pilot, step=REWARD_STEP):
+    """results/small3_run.md's rule, fixed before the arms resumed past step 34: at validation step `step`,
+    over_random only if its validation reward (the task reward, 1 + coverage, for both arms) beats the task arm's
+    by more than their standard errors combined and its Pass@1 is not lower; else the task reward (the paper's).
+    None until both arms have validated at that step."""
+    at = {arm: next((r for r in pilot[arm]["val"] if r["step"] == step), None) for arm in ("task", "over_random")}
+    if None in at.values():
+        return None
+    task, over = at["task"], at["over_random"]
+    margin = (task["val/reward_se"] ** 2 + over["val/reward_se"] ** 2) ** 0.5
+    better = over["val/reward"] - task["val/reward"] > margin and over["val/pass@1"] >= task["val/pass@1"]
+    return "over_random" if better else "task"
+
+
 def sft_stage(folder):
     """An SFT stage's kept folder: finished or not (done.json), time and steps so far, its pick, rows, validation."""
     res = json.loads((folder / "result.json").read_text())
@@ -155,6 +172,7 @@ def record(state):
     for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
+    rec["reward_pick"] = pick_reward(rec["pilot"])
     if (state / "sweep").is_dir():
         rec["sweep"] = summaries(state / "sweep", "T")
         if "1.0" in rec["sweep"]:

@@ -5,6 +5,7 @@ the commands with $RUN and a deadline, and packs the named paths back in parts, 
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -28,6 +29,7 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     (state / "sft0").mkdir(parents=True)
     (state / "data.tgz").write_bytes(_tar_bytes({"data/done.json": b"{}"}))
     (state / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000312/adapter"}}))
+    (state / "sft0/done.json").write_text("{}")
     (state / "rl0/ckpt/step_000033").mkdir(parents=True)
     (state / "rl0/ckpt/step_000033/optimizer.pt").write_text("moments")
     (state / "rl0/ckpt/step_000033/meta.json").write_text("{}")
@@ -79,6 +81,40 @@ def test_a_job_that_only_carries_parts_stops_after_staging(tmp_path):
     assert (tmp_path / "stage/carry/bundle.tar.part000").read_text() == "part"
 
 
+def test_the_state_travels_in_pieces_beside_the_parts(tmp_path):
+    """A staging job restores the piece of state it carries; a later job adds the pieces it carries and leaves the
+    folders the machine already has (they are newer); a job with commands but no data yet stops with one line."""
+    stage, state, adapters = tmp_path / "stage", tmp_path / "state", tmp_path / "adapters"
+    (tmp_path / "carry/c0").mkdir(parents=True)
+    (tmp_path / "carry/c0/bundle.tar.part000").write_text("part")
+    (state / "sft0").mkdir(parents=True)
+    (state / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000312/adapter"}}))
+    (state / "sft0/done.json").write_text("{}")
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(tmp_path), "STATE": str(state), "ADAPTERS": str(adapters),
+           "CARRY": str(tmp_path / "carry"), "LINK": str(tmp_path / "runs/s3")}
+    job = lambda: subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", "echo ran"],   # noqa: E731
+                                 capture_output=True, text=True, env=env, timeout=60)
+    proc = job()                                   # first piece: sft0's folder, without its adapter
+    assert proc.returncode == 0 and "restored sft0 from" in proc.stdout and "ran" not in proc.stdout
+    (stage / "s3/sft0/log.jsonl").write_text("newer")                  # the machine moves on
+    (state / "sft0/log.jsonl").write_text("older")
+    (state / "sft0").rename(tmp_path / "kept_sft0")                    # this job carries data and the adapter
+    (state / "data.tgz").write_bytes(_tar_bytes({"data/done.json": b"{}"}))
+    (adapters / "sft0").mkdir(parents=True)
+    (adapters / "sft0/adapter_config.json").write_text("{}")
+    proc = job()
+    assert "restored data sft0/val_ckpt/step_000312/adapter from" in proc.stdout
+    assert (stage / "s3/sft0/log.jsonl").read_text() == "newer"
+    assert (stage / "s3/sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
+    assert "run folder:" not in job().stdout                          # nothing new: nothing said
+    (stage / "env.sh").write_text("")                                  # set up; commands run once data is there
+    (stage / "smollm2.gguf").write_text("model")
+    shutil.rmtree(stage / "s3/data")
+    (state / "data.tgz").unlink()
+    proc = job()
+    assert proc.returncode == 1 and "no run folder yet: carry" in proc.stdout and "ran" not in proc.stdout
+
+
 def test_a_job_passes_on_the_commands_status_and_names_a_missing_path(tmp_path):
     """The commands' exit status is the job's (75: a stage stopped at its deadline); TAR_PATHS naming a path the run
     folder lacks is said and fails the job, while the paths that exist still come back."""
@@ -90,7 +126,7 @@ def test_a_job_passes_on_the_commands_status_and_names_a_missing_path(tmp_path):
     (stage / "smollm2.gguf").write_text("model")
     out.mkdir()
     env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "CARRY": str(tmp_path / "none"),
-           "LINK": str(tmp_path / "runs/s3")}
+           "STATE": str(tmp_path / "no_state"), "LINK": str(tmp_path / "runs/s3")}
     job = lambda cmd, paths: subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", cmd],   # noqa: E731
                                             capture_output=True, text=True, env={**env, "TAR_PATHS": paths}, timeout=60)
     assert job("exit 75", "sft1").returncode == 75

