@@ -957,8 +957,24 @@ def _generate_hf(model, tok, prompts, *, max_new_tokens, temperature, top_p, see
 FAST_CPU_ENV = "CHORUS_FAST_CPU"    # "1": generate()'s default path on CPU is the fast decoder, not HF generate
 
 
+@contextlib.contextmanager
+def use_adapter(model, name):
+    """Run a block under another adapter of the same peft model (name=None: the bare base model),
+    then restore the active one. The trainable adapter stays trainable afterwards."""
+    if name is None:
+        with model.disable_adapter():
+            yield
+        return
+    active = model.active_adapter
+    model.set_adapter(name, inference_mode=True)     # frozen while borrowed
+    try:
+        yield
+    finally:
+        model.set_adapter(active)                    # peft makes the restored adapter trainable
+
+
 def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0,
-             batch_size=64, fast=None):
+             batch_size=64, fast=None, adapters=None):
     """Sample one completion per chat in messages_list (repeat a chat for n samples) with the model's
     active adapter. Chats are rendered with add_generation_prompt=True and left padded in batches.
     Each sequence stops at EOS or at the closing ``` of its code block. Deterministic given seed.
@@ -966,12 +982,21 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     fast: None = the fast static-cache decoder on CUDA (HF generate on CPU, unless $CHORUS_FAST_CPU is 1:
     demo.py sets it: run eagerly in bf16 it wrote the demo's answers ~1.75x faster than HF generate in fp32 on
     the kit's 2-core CPU, results/demo.md); True = fast path (on CPU it runs eagerly); False = HF generate.
-    Unsupported models fall back to HF with a note."""
+    Unsupported models fall back to HF with a note.
+    adapters: one peft adapter name per chat instead of the active adapter. The fast path runs them all in
+    one call (fastgen's stack rule: a decode step of a small batch costs about the same for more rows); HF
+    generate runs one call per adapter, each with `seed`."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
         raise ValueError(f"bad sampling args: temperature={temperature}, top_p={top_p}, "
                          f"max_new_tokens={max_new_tokens}")
+    if adapters is not None:
+        if len(adapters) != len(messages_list):
+            raise ValueError(f"adapters: {len(adapters)} names for {len(messages_list)} chats (one per chat)")
+        missing = sorted(set(adapters) - set(getattr(model, "peft_config", {})))
+        if missing:
+            raise ValueError(f"adapters: not loaded on the model: {', '.join(missing)}")
     prompts = [chat_ids(tok, msgs, add_generation_prompt=True) for msgs in messages_list]
     use_fast = (_model_device(model).type == "cuda" or os.environ.get(FAST_CPU_ENV) == "1") if fast is None else fast
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
@@ -981,9 +1006,17 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     try:
         if use_fast:
             try:
-                return fastgen.generate(model, tok, prompts, **kwargs)
+                return fastgen.generate(model, tok, prompts, adapters=adapters, **kwargs)
             except FastUnsupported as e:
                 print(f"[common] fast generation unsupported ({e}); using HF generate")
-        return _generate_hf(model, tok, prompts, **kwargs)
+        if adapters is None:
+            return _generate_hf(model, tok, prompts, **kwargs)
+        out = [None] * len(prompts)
+        for name in dict.fromkeys(adapters):
+            rows = [i for i, a in enumerate(adapters) if a == name]
+            with use_adapter(model, name):
+                for i, c in zip(rows, _generate_hf(model, tok, [prompts[i] for i in rows], **kwargs)):
+                    out[i] = c
+        return out
     finally:
         model.train(was_training)

@@ -136,27 +136,30 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
     """The real teacher source: each teacher adapter samples `num_samples` answers to every group's
     prompt (round-2 groups: the student's refinement state), scored like the student's.
     Returns teacher_source(model, tok, groups, group_tasks, teachers, *, step) ->
-    (rewards[group][teacher] = list of num_samples floats, timings). Seeds derive from
-    (seed, step, teacher), so a resumed run repeats them."""
+    (rewards[group][teacher] = list of num_samples floats, timings). All teachers sample in one decoder call
+    whose seed derives from (seed, step), so a resumed run repeats them."""
 
     def teacher_source(model, tok, groups, group_tasks, teachers, *, step):
-        k, timings, waits = num_samples, {"t_gen": 0.0, "t_sim": 0.0}, []
+        k, timings = num_samples, {"t_gen": 0.0, "t_sim": 0.0}
         messages_list = [g.samples[0].messages for g in groups for _ in range(k)]
         tasks_list = [t for t in group_tasks for _ in range(k)]
-        for i, name in enumerate(teachers):
-            t0 = time.perf_counter()
-            with onpolicy.use_adapter(model, name):
-                completions = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
-                                              temperature=temperature, top_p=1.0, batch_size=gen_batch_size,
-                                              seed=onpolicy.derive_seed(seed, "teacher", step, i,
-                                                                        *([dist.rank()] if dist.world() > 1 else [])))
-            timings["t_gen"] += time.perf_counter() - t0
-            # score_fn submits at once: teacher i simulates while teacher i+1 generates
-            waits.append([score_fn(t, c) for t, c in zip(tasks_list, completions)])
+        n = len(messages_list)
         t0 = time.perf_counter()
-        rewards = [[w().reward for w in ws] for ws in waits]              # [teacher][group * k]
+        # every teacher in one decoder call (fastgen's stack rule): OPD's batches are small, and a decode step
+        # of a small batch costs about the same for every teacher's rows as for one teacher's
+        completions = common.generate(model, tok, messages_list * len(teachers),
+                                      adapters=[name for name in teachers for _ in range(n)],
+                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
+                                      batch_size=gen_batch_size,
+                                      seed=onpolicy.derive_seed(seed, "teacher", step,
+                                                                *([dist.rank()] if dist.world() > 1 else [])))
+        timings["t_gen"] += time.perf_counter() - t0
+        waits = [score_fn(t, c) for t, c in zip(tasks_list * len(teachers), completions)]
+        t0 = time.perf_counter()
+        rewards = [w().reward for w in waits]                                    # teacher-major: [teacher * n]
         timings["t_sim"] += time.perf_counter() - t0
-        return [[r[g * k:(g + 1) * k] for r in rewards] for g in range(len(groups))], timings
+        return [[rewards[i * n + g * k:i * n + (g + 1) * k] for i in range(len(teachers))]
+                for g in range(len(groups))], timings
     return teacher_source
 
 
@@ -175,7 +178,7 @@ def distill_advantages(model, rows, teacher, *, temperature=1.0, topk=16, lam=1.
             mb_rows = [rows[i] for i in mb]
             kw = dict(temperature=temperature, pad_token_id=pad_token_id, chunk_tokens=chunk_tokens)
             student = onpolicy.per_token_logps(model, mb_rows, topk=topk, **kw)
-            with onpolicy.use_adapter(model, teacher):
+            with common.use_adapter(model, teacher):
                 teacher_out = onpolicy.per_token_logps(model, mb_rows, gather_ids=student.topk_ids, **kw)
             b = support_reverse_kl(student.topk_logps, teacher_out.topk_logps)          # (B, T)
             adv = vopd_advantages(student.logps, teacher_out.logps, b, lam)           # (B, T)

@@ -10,7 +10,8 @@ only two_part.py (the shared-prefix attention kernels); common imports from here
 Sections:
   1. what both generation paths share: the Completion record, the stop rule (EOS or the closing code
      fence), left padding
-  2. weights: packing the current weights (LoRA adapters folded in) into the buffers the graphs read
+  2. weights: packing the current weights (LoRA adapters folded in, or stacked for a call whose rows
+     run different adapters) into the buffers the graphs read
   3. the model's math: RMSNorm, linear, rotary, attention, prefill, one decode step, sampling (the
      shared-prefix two-part attention, its torch form and Triton kernels, is two_part.py)
   4. the KV-cache slot (row buckets, shared prefill, compaction, the shared-prefix layout), graph capture,
@@ -165,11 +166,58 @@ def _linear_parts(m):
     return w, base.bias, loras
 
 
-def _pack_group(mods, dtype):
+def _lora_of(m, name):
+    """(A [r, in], B [out, r], scaling) of the adapter `name` on a peft-wrapped linear, or None where that
+    adapter does not wrap it."""
+    if not hasattr(m, "lora_A") or name not in m.lora_A:
+        return None
+    if name in getattr(m, "lora_variant", {}) or getattr(m, "lora_bias", {}).get(name, False):
+        raise FastUnsupported(f"LoRA variant/bias in adapter {name!r}")
+    return m.lora_A[name].weight, m.lora_B[name].weight, m.scaling[name]
+
+
+def _stack_loras(mods, parts, stack, dtype):
+    """The adapters of `stack` on the linears `mods` (one output block each), unfolded, for rows that each run
+    their own adapter (the stack rule, section 3): la [T*K, in] (adapter t's A of every linear in its K
+    columns; zeros where it has none) and lb [O, T*K] (its scaled B in its columns, zeros elsewhere).
+    None when no adapter of the stack wraps any of them."""
+    loras = [[_lora_of(m, name) for m in mods] for name in stack]
+    ranks = [max((lo[0].shape[0] for lo in per if lo is not None), default=0) for per in zip(*loras)]
+    K = sum(ranks)
+    if K == 0:
+        return None
+    T, n_in, O = len(stack), parts[0][0].shape[1], sum(p[0].shape[0] for p in parts)
+    dev = parts[0][0].device
+    la = torch.zeros(T * K, n_in, dtype=torch.float32, device=dev)
+    lb = torch.zeros(O, T * K, dtype=torch.float32, device=dev)
+    for t, per in enumerate(loras):
+        o, k = 0, t * K
+        for lo, p, r in zip(per, parts, ranks):
+            if lo is not None:
+                A, B, scale = lo
+                la[k:k + A.shape[0]] = A.detach().float()
+                lb[o:o + p[0].shape[0], k:k + A.shape[0]] = B.detach().float() * scale
+            o, k = o + p[0].shape[0], k + r
+    return {"la": la.to(dtype), "lb": lb.to(dtype)}
+
+
+def _pack_group(mods, dtype, stack=None):
     """Linears sharing one input -> {w [O, in], b [O] | None}, O = sum of outputs, with the active LoRA
     adapters folded in: W + s B A per linear, summed in fp32. Always a buffer of its own, never a
-    parameter: the graphs read it, and later calls copy new weights into it (the weight rule)."""
+    parameter: the graphs read it, and later calls copy new weights into it (the weight rule).
+    stack: adapter names for a call whose rows run different adapters; then nothing is folded, W is the
+    base weight and la/lb hold the adapters (_stack_loras)."""
     parts = [_linear_parts(m) for m in mods]
+    if stack is not None:
+        w = torch.cat([p[0].detach().to(dtype) for p in parts])
+        lora = _stack_loras(mods, parts, stack, dtype)
+        if lora is not None:
+            b = None
+            if any(p[1] is not None for p in parts):
+                b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
+                               .to(dtype) for p in parts])
+            return {"w": w, "b": b, **lora}
+        parts = [(p[0], p[1], []) for p in parts]
     if not any(p[2] for p in parts):
         w = torch.cat([p[0].detach().to(dtype) for p in parts])
     else:
@@ -192,8 +240,9 @@ class _Repack(Exception):
     """The packed shapes changed (the model's layers were replaced by others of another shape)."""
 
 
-def _pack_weights(model, into=None):
-    """Current weights of a supported decoder as a dict tree of packed tensors (see the weight rule).
+def _pack_weights(model, into=None, stack=None):
+    """Current weights of a supported decoder as a dict tree of packed tensors (see the weight rule); stack:
+    the adapters of a call whose rows run different adapters (_pack_group).
     into: the tree of an earlier call; each layer is then packed and copied into it at once, so only one
     layer's weights exist twice (packing a whole new tree first briefly doubled the weight copy: ~7.5 GB
     more for a 4-bit 4B base, results/bench.md). Raises _Repack when a shape differs."""
@@ -225,15 +274,17 @@ def _pack_weights(model, into=None):
         at, mlp = layer.self_attn, layer.mlp
         L = {"ln1": layer.input_layernorm.weight.detach().to(dtype),
              "ln2": layer.post_attention_layernorm.weight.detach().to(dtype),
-             "qkv": _pack_group([at.q_proj, at.k_proj, at.v_proj], dtype), "o": _pack_group([at.o_proj], dtype),
-             "gu": _pack_group([mlp.gate_proj, mlp.up_proj], dtype), "down": _pack_group([mlp.down_proj], dtype)}
+             "qkv": _pack_group([at.q_proj, at.k_proj, at.v_proj], dtype, stack),
+             "o": _pack_group([at.o_proj], dtype, stack),
+             "gu": _pack_group([mlp.gate_proj, mlp.up_proj], dtype, stack),
+             "down": _pack_group([mlp.down_proj], dtype, stack)}
         if hasattr(at, "q_norm"):    # one [hq + hkv, d] weight: q heads' norm, then k heads'
             L["qkn"] = torch.cat([at.q_norm.weight.detach().to(dtype).expand(cfg.num_attention_heads, -1),
                                   at.k_norm.weight.detach().to(dtype).expand(cfg.num_key_value_heads, -1)])
         layers.append(keep(into and into["layers"][i], L))
     rest = {"embed": emb.weight.detach().to(dtype), "norm": inner.norm.weight.detach().to(dtype)}
     rest = keep(into and {k: into[k] for k in rest}, rest)
-    head = keep(into and into["head"], _pack_group([hf.lm_head], dtype))
+    head = keep(into and into["head"], _pack_group([hf.lm_head], dtype, stack))
     return {**rest, "head": head, "layers": layers}
 
 
@@ -265,35 +316,45 @@ def _tree_copy(dst, src):
         dst.copy_(src)
 
 
-def _fast_state(model):
+_STATE_KEYS = ("_chorus_fast", "_chorus_fast_stack")    # the HF model's attributes: folded, stacked
+
+
+def _fast_state(model, stack=None):
     """Refresh (or build) the packed weights of model; returns the state dict kept on the HF model:
-    {W, meta, slots: {rows: slot}} (at most one slot, section 4). Graphs live in the slot and survive
-    while the packed shapes stay the same."""
+    {W, meta, slots: {rows: slot}, stack} (at most one slot, section 4). Graphs live in the slot and survive
+    while the packed shapes stay the same. A call with a stack of adapters (the stack rule) has a state of its
+    own beside the folded one (OPD alternates the two every round: neither loses its graphs to the other)."""
     hf = _hf_causal_lm(model)
-    st = hf.__dict__.get("_chorus_fast")
+    key = _STATE_KEYS[stack is not None]
+    st = hf.__dict__.get(key)
     if st is not None:
         try:
-            _pack_weights(model, into=st["W"])       # in place: the captured graphs read these buffers
+            if st["stack"] != stack:
+                raise _Repack
+            _pack_weights(model, into=st["W"], stack=stack)   # in place: the captured graphs read these buffers
             return st
         except _Repack:                              # new shapes: drop the state (and its graphs), rebuild
             pass
         st = None                                    # no reference left: the old buffers are freed first
-        free_fast_cache(model)
-    W = _pack_weights(model)
+        hf.__dict__.pop(key, None)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    W = _pack_weights(model, stack=stack)
     at = hf.model.layers[0].self_attn
     cfg = hf.config
     meta = {"hq": cfg.num_attention_heads, "hkv": cfg.num_key_value_heads, "d": at.head_dim,
             "scale": at.scaling, "eps": hf.model.norm.variance_epsilon,
             "qk_eps": getattr(getattr(at, "q_norm", None), "variance_epsilon", None), "dtype": W["embed"].dtype}
-    st = {"W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb}
-    hf.__dict__["_chorus_fast"] = st  # plain attribute, not a submodule or buffer
+    st = {"W": W, "meta": meta, "slots": {}, "rotary": hf.model.rotary_emb, "stack": stack}
+    hf.__dict__[key] = st  # plain attribute, not a submodule or buffer
     return st
 
 
 def free_fast_cache(model):
     """Drop the fast decoder's packed weights, KV caches and CUDA graphs (frees their GPU memory, e.g.
     before a memory-hungry training phase). The next fast generate() rebuilds them."""
-    _hf_causal_lm(model).__dict__.pop("_chorus_fast", None)
+    for key in _STATE_KEYS:
+        _hf_causal_lm(model).__dict__.pop(key, None)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -310,10 +371,30 @@ def _rms(x, w, eps):
     return F.rms_norm(x, (x.shape[-1],), eps=eps) * w
 
 
-def _lin(x, G, residual=None):
-    """y = x W^T (+ b) (+ residual), W with the adapters folded in. x [N, in] -> [N, out]."""
+# The stack rule: in a call whose rows run different adapters (generate(adapters=...)), nothing is folded;
+# a group's la/lb hold every adapter's A and scaled B (_stack_loras), and sel [N, T] (one-hot: the adapter of
+# each row) keeps each row's own columns: y = x W^T + ((x la^T) * sel) lb^T. Three small kernels per group; sel
+# is made once per decode step or prefill chunk.
+
+def _lin(x, G, residual=None, sel=None):
+    """y = x W^T (+ b) (+ residual), W with the adapters folded in, or with each row's own adapter (the stack
+    rule; sel [N, T]). x [N, in] -> [N, out]."""
     add = G["b"] if residual is None else (residual if G["b"] is None else residual + G["b"])
-    return F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
+    y = F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
+    if "la" in G:
+        N, T = sel.shape
+        h = (F.linear(x, G["la"]).view(N, T, -1) * sel[:, :, None]).view(N, -1)
+        y = torch.addmm(y, h, G["lb"].t())
+    return y
+
+
+def _select(slot, rows, T):
+    """sel for the stack rule: one-hot [len(rows), T] of the adapter each slot row runs (slot["arow"]); None
+    when the call folds its adapters (T = 0)."""
+    if not T:
+        return None
+    arow = slot["arow"][rows]          # compared with 0..T-1, not F.one_hot: that checks its input on the host
+    return (arow[:, None] == torch.arange(T, device=arow.device)).to(slot["cos"].dtype)
 
 
 def _rope(x, cos, sin_signed):
@@ -323,11 +404,11 @@ def _rope(x, cos, sin_signed):
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
 
-def _qkv(L, m, x, cos, sin):
+def _qkv(L, m, x, cos, sin, sel=None):
     """Attention input of one layer. x [N, H] -> q [N, hq, d], k, v [N, hkv, d] (normed, rotated).
     q and k heads are normed and rotated together (one set of kernels instead of two); sin: signed (_rope)."""
     h = _rms(x, L["ln1"], m["eps"])
-    qkv = _lin(h, L["qkv"])
+    qkv = _lin(h, L["qkv"], sel=sel)
     hq, hkv, d = m["hq"], m["hkv"], m["d"]
     qk = qkv[:, :(hq + hkv) * d].view(-1, hq + hkv, d)
     v = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
@@ -337,11 +418,11 @@ def _qkv(L, m, x, cos, sin):
     return qk[:, :hq], qk[:, hq:], v
 
 
-def _mlp(L, m, x):
+def _mlp(L, m, x, sel=None):
     """Second half of a layer: x + down(silu(gate(h)) * up(h)), h = norm(x). x [N, H]."""
     h = _rms(x, L["ln2"], m["eps"])
-    g, u = _lin(h, L["gu"]).chunk(2, dim=-1)
-    return _lin(F.silu(g) * u, L["down"], residual=x)
+    g, u = _lin(h, L["gu"], sel=sel).chunk(2, dim=-1)
+    return _lin(F.silu(g) * u, L["down"], residual=x, sel=sel)
 
 
 def _prefill(st, slot, ids, b0, b1):
@@ -356,8 +437,10 @@ def _prefill(st, slot, ids, b0, b1):
     causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
     allowed = (causal[None] & ok[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)[None]
     x = F.embedding(ids, W["embed"]).view(nb * P, -1)
+    sel_rows = _select(slot, slice(b0, b1), len(st["stack"] or ()))                # [b, T]: the stack rule
+    sel = None if sel_rows is None else sel_rows.repeat_interleave(P, 0)           # [b * P, T]: per token
     for li, L in enumerate(W["layers"]):
-        q, k, v = _qkv(L, m, x, cos, sin)
+        q, k, v = _qkv(L, m, x, cos, sin, sel)
         k4, v4 = k.view(nb, P, m["hkv"], m["d"]).transpose(1, 2), v.view(nb, P, m["hkv"], m["d"]).transpose(1, 2)
         slot["k"][li, b0:b1, :, :P] = k4
         slot["v"][li, b0:b1, :, :P] = v4
@@ -372,10 +455,10 @@ def _prefill(st, slot, ids, b0, b1):
             g = m["hq"] // m["hkv"]
             att = F.scaled_dot_product_attention(q4, k4.repeat_interleave(g, 1), v4.repeat_interleave(g, 1),
                                                  attn_mask=allowed[:, None], scale=m["scale"])
-        x = _lin(att.transpose(1, 2).reshape(nb * P, -1), L["o"], residual=x)
-        x = _mlp(L, m, x)
+        x = _lin(att.transpose(1, 2).reshape(nb * P, -1), L["o"], residual=x, sel=sel)
+        x = _mlp(L, m, x, sel)
     x = _rms(x.view(nb, P, -1)[:, -1], W["norm"], m["eps"])
-    return _lin(x, W["head"]).float()
+    return _lin(x, W["head"], sel=sel_rows).float()
 
 
 def _sample(logits, temperature, top_p, noise):
@@ -411,8 +494,9 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
                            device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
     g = m["hq"] // m["hkv"]
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
+    sel = _select(slot, slice(None), len(st["stack"] or ()))
     for li, L in enumerate(W["layers"]):
-        q, k, v = _qkv(L, m, x, cos, sin)
+        q, k, v = _qkv(L, m, x, cos, sin, sel)
         slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
         slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
         kc, vc = slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb]
@@ -425,9 +509,9 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
             qg = q.view(B, m["hkv"], g, m["d"]) * m["scale"]                             # [B, hkv, g, d]
             p = (torch.matmul(qg, kc.transpose(-1, -2)).float() + bias).softmax(-1).to(qg.dtype)
             att = torch.matmul(p, vc)                                                    # [B, hkv, g, d]
-        x = _lin(att.reshape(B, -1), L["o"], residual=x)
-        x = _mlp(L, m, x)
-    logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"]).float()
+        x = _lin(att.reshape(B, -1), L["o"], residual=x, sel=sel)
+        x = _mlp(L, m, x, sel)
+    logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"], sel=sel).float()
     if record is not None:
         record.append(logits.clone())
     slot["tok"].copy_(_sample(logits, temperature, top_p, slot["noise"]))
@@ -602,6 +686,7 @@ def _new_slot(st, R, L, device):
             "col": torch.zeros(1, dtype=torch.long, device=device),
             "pos": torch.zeros(R, dtype=torch.long, device=device),
             "pos0": torch.zeros(R, dtype=torch.long, device=device),
+            "arow": torch.zeros(R, dtype=torch.long, device=device),       # each row's adapter (the stack rule)
             "key_ok": torch.ones(R, L, dtype=torch.bool, device=device),
             "ar": torch.arange(L, device=device),
             "noise": torch.ones(R, V, dtype=torch.float32, device=device)}
@@ -617,7 +702,7 @@ def _view(st, slot, b):
     v = slot["views"].get(b)
     if v is None:
         v = {key: slot[key] for key in ("L", "pool", "cos", "sin", "col", "ar")}
-        v.update({key: slot[key][:b] for key in ("tok", "pos", "key_ok", "noise")})
+        v.update({key: slot[key][:b] for key in ("tok", "pos", "key_ok", "noise", "arow")})
         v.update(k=slot["k"][:, :b], v=slot["v"][:, :b])
         v["gqa"] = _gqa_works(v, st["meta"], b)
         slot["views"][b] = v
@@ -653,21 +738,32 @@ def _gpu_free_bytes(device):
 
 
 def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, batch_size,
-             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None):
+             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None, adapters=None):
     """Fast path (see the weight rule above). prompts: list of id lists -> list[Completion].
     graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] of each batch
     (tests; rows that have left the batch are NaN); max_lens: optional per-prompt caps on new tokens
     (<= max_new_tokens; a row that reaches its cap ends there, truncated); budget: the most bytes the KV
     cache may take (default KV_BUDGET_BYTES). A batch whose cache would not fit the budget, or that runs
     out of memory, is cut into smaller batches; no answer is shortened or dropped, and each row's tokens
-    are those of an uncut run (the noise rule; greedy and fp32 exactly, bf16 up to the kernels' rounding)."""
+    are those of an uncut run (the noise rule; greedy and fp32 exactly, bf16 up to the kernels' rounding).
+    adapters: one adapter name per prompt (peft adapters loaded on the model): each row runs its own in one
+    call (the stack rule, section 3) instead of the active adapter folded in; rows of one prompt and one adapter
+    share their prefill and prefix."""
+    if adapters is not None:
+        if len(adapters) != len(prompts):
+            raise ValueError("adapters: one adapter name per prompt")
+        known = set(getattr(model, "peft_config", {}))
+        if not set(adapters) <= known:
+            raise ValueError(f"adapters: not loaded on the model: {sorted(set(adapters) - known)}")
+    stack = None if adapters is None else list(dict.fromkeys(adapters))
+    arows = None if adapters is None else [stack.index(a) for a in adapters]
     if max_lens is not None and (len(max_lens) != len(prompts)
                                  or not all(1 <= x <= max_new_tokens for x in max_lens)):
         raise ValueError(f"max_lens: one cap in 1..{max_new_tokens} per prompt")
     device = next(model.parameters()).device
     budget = KV_BUDGET_BYTES if budget is None else budget
     t0 = _clock(device)
-    st = _fast_state(model)
+    st = _fast_state(model, stack)
     STATS["pack_s"] += _clock(device) - t0
     use_graphs = device.type == "cuda" if graphs is None else graphs
     eos, ticks = stop_sets(model, tok)
@@ -683,7 +779,8 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
             P = max(len(p) for p in batch)      # of the rows that run: the slot's columns and positions follow it
             caps = None if max_lens is None else max_lens[i:i + n]
             done = _fast_batch(st, slot, tok, batch, P, device, gen, seed, i, max_new_tokens, temperature, top_p,
-                               eos, ticks, ignore_stop, use_graphs, record, caps)
+                               eos, ticks, ignore_stop, use_graphs, record, caps,
+                               None if arows is None else arows[i:i + n])
         except torch.OutOfMemoryError:
             if len(batch) == 1:
                 raise
@@ -730,13 +827,15 @@ def _draw_noise(out, gen, seed, step, plan):
     torch.index_select(buf.view(-1, V), 0, pick, out=out)
 
 
-def _prefill_shared(st, slot, batch, ids, pad, device):
-    """Prefill batch (its left-padded ids [B, P], pad: [B] left pad counts) into the slot's rows 0..B-1
-    and return the last-position logits [B, V]; each distinct prompt runs once and is copied to its twins."""
+def _prefill_shared(st, slot, batch, ids, pad, device, arow):
+    """Prefill batch (its left-padded ids [B, P], pad: [B] left pad counts, arow: [B] each row's adapter) into
+    the slot's rows 0..B-1 and return the last-position logits [B, V]; each distinct (prompt, adapter) runs once
+    and is copied to its twins."""
     B, P = ids.shape
     index, rep, uniq = {}, [], []      # distinct prompt -> its number; each row's number; first rows
+    arow_host = arow.tolist()
     for b, prompt in enumerate(batch):
-        key = tuple(prompt) if SHARE_PREFILL else b
+        key = (arow_host[b], tuple(prompt)) if SHARE_PREFILL else b
         if key not in index:
             index[key] = len(uniq)
             uniq.append(b)
@@ -744,6 +843,7 @@ def _prefill_shared(st, slot, batch, ids, pad, device):
     U, uniq = len(uniq), torch.tensor(uniq, device=device)
     slot["pos0"][:U].copy_(-pad[uniq])
     slot["key_ok"][:U].copy_(slot["ar"][None] >= pad[uniq, None])
+    slot["arow"][:U].copy_(arow[uniq])
     ids = ids[uniq]
     rows = 32768 // P + 1                                                       # prefill rows per chunk
     logits = torch.cat([_prefill(st, slot, ids[b0:b0 + rows], b0, min(U, b0 + rows)) for b0 in range(0, U, rows)])
@@ -754,16 +854,17 @@ def _prefill_shared(st, slot, batch, ids, pad, device):
             slot["v"][li, :B, :, :P] = slot["v"][li, rep, :, :P]
         logits = logits[rep]
     slot["key_ok"][:B].copy_(slot["ar"][None] >= pad[:, None])
+    slot["arow"][:B].copy_(arow)
     return logits
 
 
-def _groups(batch):
-    """(rep, first, member): each row's group (rows with identical prompts share one, numbered by first
-    appearance; a prompt with more than GROUP_MAX rows gets a group per GROUP_MAX of them), each group's
-    first row, and each row's place among its group's rows."""
+def _groups(batch, arows=None):
+    """(rep, first, member): each row's group (rows with identical prompts, and the same adapter where arows
+    names one per row, share one, numbered by first appearance; a prompt with more than GROUP_MAX rows gets a
+    group per GROUP_MAX of them), each group's first row, and each row's place among its group's rows."""
     index, seen, rep, first, member = {}, {}, [], [], []
     for b, prompt in enumerate(batch):
-        key = tuple(prompt)
+        key = (0 if arows is None else arows[b], tuple(prompt))
         n = seen[key] = seen.get(key, -1) + 1
         u = index.setdefault((key, n // GROUP_MAX), len(first))
         if u == len(first):
@@ -802,7 +903,7 @@ def _carve_view(st, slot, c, b):
     if v is None:
         m = st["meta"]
         v = {key: slot[key] for key in ("pool", "cos", "sin", "col")}
-        v.update({key: slot[key][:b] for key in ("tok", "pos", "noise")})
+        v.update({key: slot[key][:b] for key in ("tok", "pos", "noise", "arow")})
         v.update({key: c[key] for key in ("pk", "pv", "plen", "rowof")})
         v.update(k=c["sk"][:, :b], v=c["sv"][:, :b], midx=c["midx"][:b], L=c["S"])
         fast = two_part.kernel_works(slot["k"].device, m["dtype"], m["hq"], m["hkv"], m["d"])
@@ -822,7 +923,7 @@ def _set_members(c, live, rep, member):
     c["midx"].copy_(torch.tensor(midx))
 
 
-def _prefill_prefix(st, slot, ids, pad, rep, first, member, S):
+def _prefill_prefix(st, slot, ids, pad, rep, first, member, S, arow):
     """Shared-prefix prefill: each group's prompt (its first row of the left-padded ids [B, P]) runs once
     into the group's prefix, then moves left by its padding (columns 0..plen-1). Returns (the
     last-position logits [B, V], each row its group's; the carve)."""
@@ -833,6 +934,7 @@ def _prefill_prefix(st, slot, ids, pad, rep, first, member, S):
     uniq = torch.tensor(first, device=dev)
     slot["pos0"][:U].copy_(-pad[uniq])
     slot["key_ok"][:U].copy_(slot["ar"][None] >= pad[uniq, None])
+    slot["arow"][:U].copy_(arow[uniq])              # each group's adapter while its prompt runs
     into = {**slot, "k": c["pk"], "v": c["pv"]}     # _prefill writes the prompts' K/V into the prefixes
     rows = 32768 // P + 1
     logits = torch.cat([_prefill(st, into, ids[uniq[b0:b0 + rows]], b0, min(U, b0 + rows))
@@ -843,6 +945,7 @@ def _prefill_prefix(st, slot, ids, pad, rep, first, member, S):
             for buf in (c["pk"], c["pv"]):
                 buf[:, u, :, :P - p] = buf[:, u, :, p:P].clone()
     c["plen"].copy_(P - pad[uniq])
+    slot["arow"][:B].copy_(arow)
     _set_members(c, range(B), rep, member)
     return logits[torch.tensor(rep, device=dev)], c
 
@@ -856,7 +959,7 @@ def _compact_prefix(st, slot, c, keep, C, live, rep, member):
     for li in range(c["sk"].shape[0]):    # one layer at a time: the temporary is one layer's rows
         c["sk"][li, :n, :, :C] = c["sk"][li, keep_t, :, :C]
         c["sv"][li, :n, :, :C] = c["sv"][li, keep_t, :, :C]
-    for key in ("tok", "pos"):
+    for key in ("tok", "pos", "arow"):
         slot[key][:n] = slot[key][keep_t]
     _set_members(c, live, rep, member)
     return _carve_view(st, slot, c, _row_bucket(n))
@@ -871,7 +974,7 @@ def _compact(st, slot, keep, C, m, pads):
     for li in range(slot["k"].shape[0]):   # one layer at a time: the temporary is one layer's rows
         slot["k"][li, :n, :, :C - m] = slot["k"][li, keep_t, :, m:C]
         slot["v"][li, :n, :, :C - m] = slot["v"][li, keep_t, :, m:C]
-    for key in ("tok", "pos"):
+    for key in ("tok", "pos", "arow"):
         slot[key][:n] = slot[key][keep_t]
     slot["key_ok"][:n] = slot["ar"][None] >= torch.tensor(pads, device=dev)[:, None]
     slot["col"].sub_(m)
@@ -879,8 +982,9 @@ def _compact(st, slot, keep, C, m, pads):
 
 
 def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens, temperature, top_p, eos,
-                ticks, ignore_stop, use_graphs, record, caps):
+                ticks, ignore_stop, use_graphs, record, caps, arows=None):
     B, R = len(batch), _row_bucket(len(batch))
+    arow = torch.tensor(arows or [0] * B, dtype=torch.long, device=device)   # each row's adapter (stack rule)
     ids, mask = left_pad(batch, tok.pad_token_id, device)
     pad = (P - mask.sum(1))                                                     # [B] left pad counts
     pads, shift = [P - len(p) for p in batch], 0       # shift: columns dropped on the left by compaction
@@ -891,16 +995,16 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
     meta = st["meta"]
     share = SHARED_PREFIX is True or (SHARED_PREFIX == "auto" and device.type == "cuda" and two_part.kernel_works(
         device, meta["dtype"], meta["hq"], meta["hkv"], meta["d"]))
-    rep, first, member = _groups(batch) if share else (None, range(B), None)
+    rep, first, member = _groups(batch, arows) if share else (None, range(B), None)
     carve = None                           # the shared-prefix layout (section 4): where the batch repeats a prompt
     t_start = _clock(device)
     capture_s = 0.0
     with torch.no_grad():
         if len(first) < B:
-            logits, carve = _prefill_prefix(st, slot, ids, pad, rep, first, member, max_new_tokens)
+            logits, carve = _prefill_prefix(st, slot, ids, pad, rep, first, member, max_new_tokens, arow)
             Pb = min(carve["Pp"], BUCKET * math.ceil(P / BUCKET))            # prefix columns attention reads
         else:
-            logits = _prefill_shared(st, slot, batch, ids, pad, device)
+            logits = _prefill_shared(st, slot, batch, ids, pad, device, arow)
         t_prefilled = _clock(device)
         STATS["prefill_s"] += t_prefilled - t_start
         if record is not None:
@@ -911,6 +1015,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
         tokens[:, 0] = _sample(logits, temperature, top_p, slot["noise"][:B])
         slot["key_ok"][B:R] = True                              # filler rows: finite, positions in range
         slot["pos"][B:R] = 0
+        slot["arow"][B:R] = 0
         slot["tok"][:B].copy_(tokens[:, 0])
         slot["col"].fill_(0 if carve else P)
         slot["pos"][:B].copy_(P - pad)

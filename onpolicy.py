@@ -10,7 +10,7 @@ reading its token log-probs. Both trainers import from here; neither imports the
                 make_model_source, release_fast_default, overlong_penalty, collect_groups (+ dynamic
                 sampling), rollout_metrics
     log-probs   per_token_logps -> TokenLogps (sampled-token log-probs, entropy, top-K ids/log-probs, or
-                log-probs at given ids for a teacher), use_adapter (borrow another adapter), micro_batches
+                log-probs at given ids for a teacher), micro_batches
     the policy  build_policy (base + trainable LoRA, dropout off), disable_dropout, make_optimizer
     flags       add_rollout_args, add_runtime_args
 """
@@ -460,22 +460,6 @@ def per_token_logps(model, rows, *, temperature=1.0, chunk_tokens=1024, pad_toke
         res.topk_ids = unflatten(k, (topk,), torch.long)
         res.topk_logps = unflatten(k + 1, (topk,))
     return res
-
-
-@contextlib.contextmanager
-def use_adapter(model, name):
-    """Run a block under another adapter of the same peft model (name=None: the bare base model),
-    then restore the active one. The trainable adapter stays trainable afterwards."""
-    if name is None:
-        with model.disable_adapter():
-            yield
-        return
-    active = model.active_adapter
-    model.set_adapter(name, inference_mode=True)     # frozen while borrowed
-    try:
-        yield
-    finally:
-        model.set_adapter(active)                    # peft makes the restored adapter trainable
 
 
 def disable_dropout(model):

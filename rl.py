@@ -59,7 +59,7 @@ import sim
 from onpolicy import (SHARED_RANGES, add_rollout_args, add_runtime_args, between_steps, build_policy, check_best,
                       collect_groups, derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer,
                       make_scorer, micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics,
-                      use_adapter, val_summary)
+                      val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -202,7 +202,7 @@ def train_on_batch(model, optimizer, rows, advantages, *, temperature=1.0, epsil
                 mb_rows = [rows[i] for i in idx]
                 ref = None
                 if beta != 0.0:
-                    with torch.no_grad(), use_adapter(model, ref_adapter):
+                    with torch.no_grad(), common.use_adapter(model, ref_adapter):
                         ref = per_token_logps(model, mb_rows, temperature=temperature,
                                               pad_token_id=pad_token_id, chunk_tokens=chunk_tokens).logps
                 out = per_token_logps(model, mb_rows, temperature=temperature, entropy=True,

@@ -28,6 +28,13 @@ each row keeps. --plain turns off shared prefill and compaction (the decoder as 
 slot reuse); --fresh-slot drops the decoder's state before every call (re-pack, re-capture: what a new
 batch size or a longer prompt cost before the slot reuse). pack_s is one weight re-pack (done per call). --shared-prefix turns fastgen.SHARED_PREFIX on (each group's prompt
 K/V stored once, two-part attention); it applies to both modes (the plain batches repeat one prompt B times).
+
+--teachers N mimics OPD's teacher rollouts of one round instead: N more adapters (random nonzero B, rank
+--lora-r) answer --rl-prompts distinct prompts x --rl-group samples each, with RL-like stop lengths, first as
+N calls one adapter at a time (as distill.py sampled them before the stack rule), then as one call whose rows run
+their own adapters (fastgen's stack rule, what distill.py does now); each timed --rl-calls times.
+   OPD teachers (GPU): python bench/bench_generate.py --teachers 3 --rl-prompts 8 --rl-group 1 --rl-cap 1280 \
+                  --rl-min 1700 --rl-max 6900 --rl-batch 256 --out results/bench_generate_teachers.json
 """
 import argparse
 import json
@@ -158,10 +165,59 @@ def rl_round(args, model, tok, device):
             "steady_s_per_call": round(sum(c["s"] for c in steady) / len(steady), 3)}
 
 
+def teachers_round(args, model, tok, device):
+    """--teachers N: N calls of one adapter each against one stacked call, on the same rows."""
+    names = [f"teacher{i}" for i in range(args.teachers)]
+    for i, name in enumerate(names):
+        model = common.add_lora(model, r=args.lora_r, alpha=2 * args.lora_r, dropout=0.0, adapter_name=name)
+        g = torch.Generator().manual_seed(100 + i)
+        with torch.no_grad():
+            for n, prm in model.named_parameters():
+                if f"lora_B.{name}." in n:
+                    prm.copy_((torch.randn(prm.shape, generator=g) * 1e-3).to(prm.dtype))
+    model.set_adapter("default")
+    model.eval()
+    fastgen.SHARED_PREFIX = args.shared_prefix
+    distinct = rl_prompts(tok, args.rl_prompts, args.rl_min, args.rl_max, seed=1)
+    rows = [p for p in distinct for _ in range(args.rl_group)]
+    lens = [rl_lengths(len(rows), args.rl_cap, seed=10 + i) for i in range(len(names))]
+    kw = dict(max_new_tokens=args.rl_cap, temperature=args.temperature, top_p=args.top_p, ignore_stop=True,
+              batch_size=args.rl_batch)
+
+    def one_at_a_time(k):
+        out = []
+        for name, ln in zip(names, lens):
+            with common.use_adapter(model, name):
+                out += fastgen.generate(model, tok, rows, seed=k, max_lens=ln, **kw)
+        return out
+    runs = {"one_at_a_time": one_at_a_time,
+            "stacked": lambda k: fastgen.generate(model, tok, rows * len(names), seed=k, max_lens=sum(lens, []),
+                                                  adapters=[n for n in names for _ in rows], **kw)}
+    calls = []
+    for mode, fn in runs.items():
+        for k in range(args.rl_calls):
+            out, sec = timed(lambda: fn(k), device)
+            kept = sum(len(c.completion_ids) for c in out)
+            calls.append({"mode": mode, "call": k, "rows": len(out), "new_tokens": kept, "s": round(sec, 3),
+                          "tok_s": round(kept / sec, 1)})
+            print(calls[-1], flush=True)
+    steady = {m: [c["s"] for c in calls if c["mode"] == m and c["call"] > 0] or
+              [c["s"] for c in calls if c["mode"] == m] for m in runs}
+    per_call = {m: round(sum(v) / len(v), 3) for m, v in steady.items()}
+    print(f"\nOPD teachers: {len(names)} adapters x {args.rl_prompts} prompts x {args.rl_group}, cap {args.rl_cap}: "
+          f"one at a time {per_call['one_at_a_time']:.2f} s, stacked {per_call['stacked']:.2f} s per round "
+          f"(x{per_call['one_at_a_time'] / per_call['stacked']:.2f})")
+    return {"mode": "teachers", "teachers": len(names), "rl_prompts": args.rl_prompts, "rl_group": args.rl_group,
+            "rl_cap": args.rl_cap, "rl_batch": args.rl_batch, "shared_prefix": args.shared_prefix,
+            "prompt_tokens": [len(p) for p in distinct], "calls": calls, "steady_s_per_round": per_call,
+            "speedup": round(per_call["one_at_a_time"] / per_call["stacked"], 3)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
     ap.add_argument("--rl-round", action="store_true", help="the RL-round case (see the docstring)")
+    ap.add_argument("--teachers", type=int, default=0, help="the OPD-teachers case with N adapters (docstring)")
     ap.add_argument("--rl-prompts", type=int, default=16, help="distinct prompts per call")
     ap.add_argument("--rl-group", type=int, default=4, help="repeats of each prompt (G)")
     ap.add_argument("--rl-cap", type=int, default=1280, help="max new tokens")
@@ -181,7 +237,15 @@ def main():
     ap.add_argument("--hf-max-batch", type=int, default=256, help="skip HF generate above this batch")
     ap.add_argument("--out", default="results/bench_generate.json", help="JSON output path")
     args = ap.parse_args()
+    if args.teachers and not args.lora_r:
+        ap.error("--teachers needs --lora-r > 0 (the teachers are LoRA adapters beside the active one)")
     model, tok, device, prompt = bench_model(args)
+    if args.teachers:
+        out = args.out if args.out != ap.get_default("out") else "results/bench_generate_teachers.json"
+        write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
+                         "top_p": args.top_p, **teachers_round(args, model, tok, device),
+                         "command": "python " + " ".join(sys.argv)})
+        return
     if args.rl_round:
         out = args.out if args.out != ap.get_default("out") else "results/bench_generate_rl.json"
         write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,

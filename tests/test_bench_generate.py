@@ -11,8 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args):
+def run(*args, check=True):
+    """stdout of a script run that must exit 0; check=False: stdout + stderr of a run that must fail."""
     proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if not check:
+        assert proc.returncode != 0
+        return proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout
 
@@ -25,6 +29,25 @@ def test_bench_generate_tiny(tmp_path):
     assert all(row["fast_tok_s"] > 0 and row["hf_tok_s"] > 0 for row in r["rows"])
     assert r["greedy_agreement"] == [8, 8, 8, 8]              # fp32 on CPU: the two paths agree fully
     assert set(r["git"]) == {"commit", "dirty"}                 # which code ran is recorded
+
+
+def test_bench_generate_teachers_tiny(tmp_path):
+    """--teachers: the same rows one adapter at a time and stacked in one call, each timed, each keeping the same
+    tokens per row (the same stop lengths); bad input is one line."""
+    out = tmp_path / "teachers.json"
+    run(ROOT / "bench" / "bench_generate.py", "--tiny", "--lora-r", "4", "--teachers", "2", "--rl-prompts", "2",
+        "--rl-group", "2", "--rl-cap", "12", "--rl-min", "60", "--rl-max", "90", "--rl-calls", "2",
+        "--temperature", "0", "--out", out)
+    r = json.loads(out.read_text())
+    assert r["mode"] == "teachers" and r["teachers"] == 2
+    assert [(c["mode"], c["call"], c["rows"]) for c in r["calls"]] == [
+        ("one_at_a_time", 0, 8), ("one_at_a_time", 1, 8), ("stacked", 0, 8), ("stacked", 1, 8)]
+    by_mode = {m: [c["new_tokens"] for c in r["calls"] if c["mode"] == m] for m in ("one_at_a_time", "stacked")}
+    assert by_mode["one_at_a_time"] == by_mode["stacked"]
+    assert r["speedup"] > 0 and set(r["steady_s_per_round"]) == {"one_at_a_time", "stacked"}
+    assert run(ROOT / "bench" / "bench_generate.py", "--tiny", "--lora-r", "0", "--teachers", "2",
+               check=False).splitlines()[-1].endswith("--teachers needs --lora-r > 0 (the teachers are LoRA "
+                                                      "adapters beside the active one)")
 
 
 def test_profile_decode_tiny_and_ab(tmp_path):

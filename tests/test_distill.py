@@ -162,7 +162,7 @@ def test_build_models_one_base_student_trainable_teachers_frozen(experts):
     assert set(model.peft_config) == {"default", "teacher0", "teacher1"}
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".default." in n for n in trainable)
-    with onpolicy.use_adapter(model, "teacher1"):
+    with common.use_adapter(model, "teacher1"):
         assert model.active_adapter == "teacher1"
     assert model.active_adapter == "default"
     assert [n for n, p in model.named_parameters() if p.requires_grad] == trainable
@@ -171,7 +171,7 @@ def test_build_models_one_base_student_trainable_teachers_frozen(experts):
     row = [(ids[:4], ids[4:])]
     with torch.no_grad():
         s = onpolicy.per_token_logps(model, row).logps
-        with onpolicy.use_adapter(model, "teacher0"):
+        with common.use_adapter(model, "teacher0"):
             t = onpolicy.per_token_logps(model, row).logps
     assert (s - t).abs().max() > 1e-3
 
@@ -208,7 +208,7 @@ def test_distill_advantages_match_a_naive_full_softmax(experts):
         P, C = len(r.prompt_ids), len(r.completion_ids)
         with torch.no_grad():
             s = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
-            with onpolicy.use_adapter(model, "teacher1"):
+            with common.use_adapter(model, "teacher1"):
                 t = model(input_ids=ids).logits[0, P - 1:P + C - 1].float() / temp
         y = torch.tensor(r.completion_ids)[:, None]
         log_ratio = (s.log_softmax(-1).gather(-1, y) - t.log_softmax(-1).gather(-1, y)).squeeze(-1)
@@ -227,7 +227,7 @@ def test_one_distillation_step_pulls_the_student_toward_the_teacher(experts):
     row = SimpleNamespace(prompt_ids=ids[:4], completion_ids=ids[4:])
     with torch.no_grad():
         s = onpolicy.per_token_logps(model, [row]).logps[0]
-        with onpolicy.use_adapter(model, "teacher0"):
+        with common.use_adapter(model, "teacher0"):
             t = onpolicy.per_token_logps(model, [row]).logps[0]
     j = int(torch.argmax(t - s))
     assert t[j] > s[j]
@@ -369,7 +369,7 @@ def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch)
     distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
                       "--max-new-tokens", "8", "--no-gate", "--plot-every", "0", "--release-fast"),
                 score_fn=_hash_score, tasks=tasks)
-    assert events[-1] == "free" and events.count("free") == 1 and events.count("gen") == 4   # 2 rounds + 2 teachers
+    assert events[-1] == "free" and events.count("free") == 1 and events.count("gen") == 3   # 2 rounds + teachers
     log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     assert len(log) == 1 and log[0]["groups"] == 2 and log[0]["opd_groups"] == 2
     assert log[0]["num_tokens"] > 0 and log[0]["opd/b"] >= 0
@@ -379,6 +379,33 @@ def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch)
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
     assert json.loads((out / "result.json").read_text())["outcome"]["steps"] == 1
     assert json.loads((out / "done.json").read_text())["script"] == "distill.py"
+
+
+def test_the_teachers_sample_in_one_call_each_with_its_own_adapter(experts, monkeypatch):
+    """make_teacher_source: one generate call for every teacher; each group's rewards per teacher are the scores
+    of that teacher's own answers (as a call under that adapter alone gives them), num_samples of them."""
+    paths, _, _ = experts
+    model, tok = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
+    msgs = [[{"role": "user", "content": "test a"}], [{"role": "user", "content": "test the fifo"}]]
+    groups = [SimpleNamespace(samples=[SimpleNamespace(messages=m)]) for m in msgs]
+    calls, generate = [], common.generate
+    monkeypatch.setattr(common, "generate", lambda *a, **k: calls.append(k.get("adapters")) or generate(*a, **k))
+    texts = {}
+
+    def score(task, c):
+        texts.setdefault(task, []).append(c.text)
+        return _hash_score(task, c)
+    source = distill.make_teacher_source(score, num_samples=2, max_new_tokens=12, seed=5, temperature=0.0)
+    rewards, timings = source(model, tok, groups, ["ga", "gb"], ["teacher0", "teacher1"], step=3)
+    assert calls == [["teacher0"] * 4 + ["teacher1"] * 4] and set(timings) == {"t_gen", "t_sim"}
+    assert len(rewards) == 2 and all(len(r) == 2 and all(len(s) == 2 for s in r) for r in rewards)
+    for i, name in enumerate(("teacher0", "teacher1")):
+        alone = generate(model, tok, [msgs[0], msgs[0], msgs[1], msgs[1]], max_new_tokens=12, temperature=0.0,
+                         adapters=[name] * 4)
+        assert [rewards[g][i] for g in range(2)] == [[_hash_score(None, c)().reward for c in alone[2 * g:2 * g + 2]]
+                                                     for g in range(2)], name
+    assert len(texts["ga"]) == 4 and texts["ga"][:2] != texts["ga"][2:]      # the two teachers answer apart
+    assert model.active_adapter == "default"
 
 
 def _two_scripted_steps(experts, save_every):

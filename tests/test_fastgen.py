@@ -93,10 +93,10 @@ def test_fast_repacks_into_the_same_buffers(monkeypatch):
     del st
     fresh_pack, freed_first = fastgen._pack_weights, []
 
-    def spy(m, into=None):
+    def spy(m, into=None, stack=None):
         if into is None:                        # the rebuild: the old copy must be gone by now
             freed_first.append(old() is None)
-        return fresh_pack(m, into=into)
+        return fresh_pack(m, into=into, stack=stack)
     monkeypatch.setattr(fastgen, "_pack_weights", spy)
     out = common.generate(pm, tok, MSGS, **kw)
     assert freed_first == [True]

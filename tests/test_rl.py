@@ -461,7 +461,7 @@ def test_kl_to_the_initial_adapter_and_adapter_switching(tiny, tmp_path):
     assert {n for n, p in m.named_parameters() if p.requires_grad} == trainable
     stats = rl.train_on_batch(m, opt, rows, [1.0, -1.0], beta=0.1, ref_adapter="ref")
     assert stats["kl"] > 1e-4                             # moved away from it
-    with torch.no_grad(), onpolicy.use_adapter(m, None):        # None: the bare base model
+    with torch.no_grad(), common.use_adapter(m, None):        # None: the bare base model
         base = per_token_logps(m, rows).logps
     assert torch.allclose(base, per_token_logps(model, rows).logps, atol=1e-5)
     assert m.active_adapter == "default"
