@@ -240,16 +240,13 @@ def main():
     if args.teachers and not args.lora_r:
         ap.error("--teachers needs --lora-r > 0 (the teachers are LoRA adapters beside the active one)")
     model, tok, device, prompt = bench_model(args)
-    if args.teachers:
-        out = args.out if args.out != ap.get_default("out") else "results/bench_generate_teachers.json"
+    case = ((teachers_round, "results/bench_generate_teachers.json") if args.teachers else
+            (rl_round, "results/bench_generate_rl.json") if args.rl_round else None)
+    if case:                    # a case of its own: its rows, written to its own default file
+        fn, default_out = case
+        out = args.out if args.out != ap.get_default("out") else default_out
         write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
-                         "top_p": args.top_p, **teachers_round(args, model, tok, device),
-                         "command": "python " + " ".join(sys.argv)})
-        return
-    if args.rl_round:
-        out = args.out if args.out != ap.get_default("out") else "results/bench_generate_rl.json"
-        write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
-                         "top_p": args.top_p, **rl_round(args, model, tok, device),
+                         "top_p": args.top_p, **fn(args, model, tok, device),
                          "command": "python " + " ".join(sys.argv)})
         return
     N = args.new_tokens
