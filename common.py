@@ -17,6 +17,7 @@ Sections:
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -973,6 +974,12 @@ def use_adapter(model, name):
         model.set_adapter(active)                    # peft makes the restored adapter trainable
 
 
+def adapter_seed(seed, name):
+    """The seed of adapter `name`'s rows when generate(adapters=...) runs one HF call per adapter: each adapter
+    its own noise (the fast path keys noise by a row's place in the one call)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest(), "little") >> 1
+
+
 def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0,
              batch_size=64, fast=None, adapters=None):
     """Sample one completion per chat in messages_list (repeat a chat for n samples) with the model's
@@ -985,7 +992,7 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     Unsupported models fall back to HF with a note.
     adapters: one peft adapter name per chat instead of the active adapter. The fast path runs them all in
     one call (fastgen's stack rule: a decode step of a small batch costs about the same for more rows); HF
-    generate runs one call per adapter, each with `seed`."""
+    generate runs one call per adapter, each with its own seed (adapter_seed)."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
@@ -1015,7 +1022,8 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
         for name in dict.fromkeys(adapters):
             rows = [i for i, a in enumerate(adapters) if a == name]
             with use_adapter(model, name):
-                for i, c in zip(rows, _generate_hf(model, tok, [prompts[i] for i in rows], **kwargs)):
+                for i, c in zip(rows, _generate_hf(model, tok, [prompts[i] for i in rows],
+                                                   **{**kwargs, "seed": adapter_seed(seed, name)})):
                     out[i] = c
         return out
     finally:

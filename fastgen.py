@@ -141,14 +141,14 @@ def _hf_causal_lm(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _linear_parts(m):
+def _linear_parts(m, active=True):
     """A (possibly peft-wrapped, possibly 4-bit) linear -> (weight [out,in], bias|None,
-    [(A [r,in], B [out,r], scaling)] for the active, unmerged LoRA adapters). A 4-bit weight comes back
-    dequantized."""
+    [(A [r,in], B [out,r], scaling)] for the active, unmerged LoRA adapters; none with active=False).
+    A 4-bit weight comes back dequantized."""
     loras, base = [], m
     if hasattr(m, "lora_A") and hasattr(m, "get_base_layer"):
         base = m.get_base_layer()
-        if not m.disable_adapters and not m.merged:
+        if active and not m.disable_adapters and not m.merged:
             for name in m.active_adapters:
                 if name not in m.lora_A:
                     continue
@@ -207,17 +207,16 @@ def _pack_group(mods, dtype, stack=None):
     parameter: the graphs read it, and later calls copy new weights into it (the weight rule).
     stack: adapter names for a call whose rows run different adapters; then nothing is folded, W is the
     base weight and la/lb hold the adapters (_stack_loras)."""
-    parts = [_linear_parts(m) for m in mods]
+    parts = [_linear_parts(m, active=stack is None) for m in mods]
     if stack is not None:
-        w = torch.cat([p[0].detach().to(dtype) for p in parts])
         lora = _stack_loras(mods, parts, stack, dtype)
         if lora is not None:
+            w = torch.cat([p[0].detach().to(dtype) for p in parts])
             b = None
             if any(p[1] is not None for p in parts):
                 b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
                                .to(dtype) for p in parts])
             return {"w": w, "b": b, **lora}
-        parts = [(p[0], p[1], []) for p in parts]
     if not any(p[2] for p in parts):
         w = torch.cat([p[0].detach().to(dtype) for p in parts])
     else:
@@ -323,7 +322,8 @@ def _fast_state(model, stack=None):
     """Refresh (or build) the packed weights of model; returns the state dict kept on the HF model:
     {W, meta, slots: {rows: slot}, stack} (at most one slot, section 4). Graphs live in the slot and survive
     while the packed shapes stay the same. A call with a stack of adapters (the stack rule) has a state of its
-    own beside the folded one (OPD alternates the two every round: neither loses its graphs to the other)."""
+    own beside the folded one (OPD alternates the two every round: neither loses its graphs to the other), at
+    the cost of a second copy of the packed weights; the memory rule counts both states' caches (_slot_for)."""
     hf = _hf_causal_lm(model)
     key = _STATE_KEYS[stack is not None]
     st = hf.__dict__.get(key)
@@ -637,18 +637,20 @@ def _cache_bytes(st, B, L):
     return 2 * len(st["W"]["layers"]) * B * m["hkv"] * L * m["d"] * torch.finfo(m["dtype"]).bits // 8
 
 
-def _slot_for(st, n, L, device, budget=None):
+def _slot_for(st, n, L, device, budget=None, held=0):
     """A slot with >= _row_bucket(n) rows and >= L columns -> (slot, n). n comes back smaller (halved)
-    where a cache for n rows would break the memory rule (at most half of the free memory on CUDA, and at
-    most `budget` bytes on any device); the caller then splits its batch. One row always gets a slot."""
+    where a cache for n rows would break the memory rule (the KV caches together: at most half of the free
+    memory on CUDA, and at most `budget` bytes on any device; held: the bytes the model's other decoder
+    state's cache holds); the caller then splits its batch. One row always gets a slot."""
     old = next(iter(st["slots"].values()), None)
+    budget = None if budget is None else budget - held
 
     def fits(rows):
         return old is not None and old["R"] >= _row_bucket(rows) and old["L"] >= L
     limit = math.inf if budget is None else budget
     if device.type == "cuda":   # the old slot's memory counts as free: it is dropped first
         free = _gpu_free_bytes(device) + (_cache_bytes(st, old["R"], old["L"]) if old else 0)
-        limit = min(limit, 0.5 * free)
+        limit = min(limit, 0.5 * (free + held) - held)
     if old is not None and budget is not None and _cache_bytes(st, old["R"], old["L"]) > budget:
         old = None              # a slot made under a larger budget: rebuilt within this one
     if fits(n):
@@ -662,6 +664,17 @@ def _slot_for(st, n, L, device, budget=None):
         if fits(n):
             return old, n
     return _new_slot(st, _row_bucket(n), L, device), n
+
+
+def _other_state(model, st):
+    """The model's decoder state beside `st` (the folded one beside a stacked one, or back), or None."""
+    hf = _hf_causal_lm(model)
+    return next((s for s in (hf.__dict__.get(k) for k in _STATE_KEYS) if s is not None and s is not st), None)
+
+
+def _held_bytes(st):
+    """Bytes the KV cache of a decoder state holds (0 for None)."""
+    return 0 if st is None else sum(_cache_bytes(st, s["R"], s["L"]) for s in st["slots"].values())
 
 
 def _new_slot(st, R, L, device):
@@ -752,10 +765,14 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     if adapters is not None:
         if len(adapters) != len(prompts):
             raise ValueError("adapters: one adapter name per prompt")
-        known = set(getattr(model, "peft_config", {}))
-        if not set(adapters) <= known:
-            raise ValueError(f"adapters: not loaded on the model: {sorted(set(adapters) - known)}")
-    stack = None if adapters is None else list(dict.fromkeys(adapters))
+        known = getattr(model, "peft_config", {})
+        if not set(adapters) <= set(known):
+            raise ValueError(f"adapters: not loaded on the model: {sorted(set(adapters) - set(known))}")
+        other = sorted(a for a in set(adapters) if getattr(known[a], "peft_type", None) != "LORA")   # a str enum
+        if other:
+            raise FastUnsupported(f"adapters other than LoRA in one call: {other}")
+    # sorted: a call naming the same adapters in another order keeps the state (and its graphs)
+    stack = None if adapters is None else sorted(set(adapters))
     arows = None if adapters is None else [stack.index(a) for a in adapters]
     if max_lens is not None and (len(max_lens) != len(prompts)
                                  or not all(1 <= x <= max_new_tokens for x in max_lens)):
@@ -764,6 +781,7 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     budget = KV_BUDGET_BYTES if budget is None else budget
     t0 = _clock(device)
     st = _fast_state(model, stack)
+    other = _other_state(model, st)       # the folded or the stacked state beside this one: its cache counts too
     STATS["pack_s"] += _clock(device) - t0
     use_graphs = device.type == "cuda" if graphs is None else graphs
     eos, ticks = stop_sets(model, tok)
@@ -774,7 +792,8 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
         batch = prompts[i:i + most]
         L = BUCKET * math.ceil((max(len(p) for p in batch) + max_new_tokens) / BUCKET)
         try:
-            slot, n = _slot_for(st, len(batch), L, device, budget)   # n < len(batch): the cache would not fit
+            slot, n = _slot_for(st, len(batch), L, device, budget,  # n < len(batch): the cache would not fit
+                                _held_bytes(other))
             batch = batch[:n]
             P = max(len(p) for p in batch)      # of the rows that run: the slot's columns and positions follow it
             caps = None if max_lens is None else max_lens[i:i + n]
@@ -788,7 +807,9 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
             print(f"[fastgen] out of GPU memory at {len(batch)} rows; dropping the KV slot and retrying "
                   f"with {most}", file=sys.stderr)
             MEMORY["oom_retries"] += 1
-            st["slots"].clear()
+            for s in (st, other):
+                if s is not None:
+                    s["slots"].clear()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
@@ -827,15 +848,14 @@ def _draw_noise(out, gen, seed, step, plan):
     torch.index_select(buf.view(-1, V), 0, pick, out=out)
 
 
-def _prefill_shared(st, slot, batch, ids, pad, device, arow):
-    """Prefill batch (its left-padded ids [B, P], pad: [B] left pad counts, arow: [B] each row's adapter) into
-    the slot's rows 0..B-1 and return the last-position logits [B, V]; each distinct (prompt, adapter) runs once
-    and is copied to its twins."""
+def _prefill_shared(st, slot, batch, ids, pad, device, arow, arows):
+    """Prefill batch (its left-padded ids [B, P], pad: [B] left pad counts, arow: [B] each row's adapter; arows:
+    the same on the host, or None) into the slot's rows 0..B-1 and return the last-position logits [B, V]; each
+    distinct (prompt, adapter) runs once and is copied to its twins."""
     B, P = ids.shape
     index, rep, uniq = {}, [], []      # distinct prompt -> its number; each row's number; first rows
-    arow_host = arow.tolist()
     for b, prompt in enumerate(batch):
-        key = (arow_host[b], tuple(prompt)) if SHARE_PREFILL else b
+        key = (arows and arows[b], tuple(prompt)) if SHARE_PREFILL else b
         if key not in index:
             index[key] = len(uniq)
             uniq.append(b)
@@ -1004,7 +1024,7 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
             logits, carve = _prefill_prefix(st, slot, ids, pad, rep, first, member, max_new_tokens, arow)
             Pb = min(carve["Pp"], BUCKET * math.ceil(P / BUCKET))            # prefix columns attention reads
         else:
-            logits = _prefill_shared(st, slot, batch, ids, pad, device, arow)
+            logits = _prefill_shared(st, slot, batch, ids, pad, device, arow, arows)
         t_prefilled = _clock(device)
         STATS["prefill_s"] += t_prefilled - t_start
         if record is not None:

@@ -27,9 +27,9 @@ def _three_adapters():
     return pm, tok
 
 
-def _hf(pm, tok, prompts, name, **kw):
+def _hf(pm, tok, prompts, name, seed_override=0, **kw):
     with common.use_adapter(pm, name):
-        return common._generate_hf(pm, tok, prompts, seed=0, batch_size=16, **kw)
+        return common._generate_hf(pm, tok, prompts, seed=seed_override, batch_size=16, **kw)
 
 
 @pytest.mark.parametrize("layout", ["plain", "shared_prefill", "shared_prefix"])
@@ -49,7 +49,7 @@ def test_each_row_decodes_with_its_own_adapter(layout, monkeypatch):
     kw = dict(max_new_tokens=40, temperature=0, top_p=1.0, ignore_stop=True)
     out = fastgen.generate(pm, tok, prompts, seed=0, batch_size=16, graphs=False, max_lens=caps, adapters=names, **kw)
     st = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
-    assert st["stack"] == ["wide", "default", "attn"] and "la" in st["W"]["layers"][0]["qkv"]
+    assert st["stack"] == ["attn", "default", "wide"] and "la" in st["W"]["layers"][0]["qkv"]
     assert "la" not in st["W"]["head"]                       # no adapter wraps the head: nothing stacked there
     for name in ("wide", "default", "attn"):
         mine = [i for i, a in enumerate(names) if a == name]
@@ -130,3 +130,51 @@ def test_lin_keeps_each_rows_columns():
     for i, t in enumerate(arow.tolist()):
         own = W + torch.cat([B[t][j] @ A[t][j] for j in range(len(outs))])
         torch.testing.assert_close(y[i], x[i] @ own.T)
+
+
+def test_the_stack_is_sorted_and_other_kinds_of_adapter_fall_back(monkeypatch):
+    """The same adapters in another order keep the stacked state (and its graphs); an adapter other than LoRA in
+    the call is FastUnsupported, so common.generate falls back to HF with a note."""
+    pm, tok = _three_adapters()
+    prompts = [common.chat_ids(tok, m) for m in MSGS]
+    kw = dict(max_new_tokens=6, temperature=0, top_p=1.0, seed=0, batch_size=4, graphs=False)
+    a = fastgen.generate(pm, tok, prompts, adapters=["wide", "attn", "wide"], **kw)
+    st = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
+    b = fastgen.generate(pm, tok, [prompts[1], prompts[0], prompts[2]], adapters=["attn", "wide", "wide"], **kw)
+    assert st["stack"] == ["attn", "wide"] and fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"] is st
+    assert _tokens(b) == [_tokens(a)[i] for i in (1, 0, 2)]   # each (chat, adapter) row as before
+    monkeypatch.setattr(pm.peft_config["attn"], "peft_type", "IA3")
+    with pytest.raises(fastgen.FastUnsupported, match=r"adapters other than LoRA in one call: \['attn'\]"):
+        fastgen.generate(pm, tok, prompts, adapters=["attn"] * 3, **kw)
+
+
+def test_hf_path_gives_each_adapter_its_own_seed():
+    """One HF call per adapter, each seeded by adapter_seed(seed, name): sampled rows of an adapter equal a plain
+    HF call under it with that seed (so two teachers never share their noise)."""
+    pm, tok = _three_adapters()
+    msgs = [MSGS[0], MSGS[1], MSGS[0]]
+    out = common.generate(pm, tok, msgs, max_new_tokens=12, temperature=1.0, seed=4, fast=False,
+                          adapters=["wide", "attn", "attn"])
+    assert common.adapter_seed(4, "wide") != common.adapter_seed(4, "attn") != common.adapter_seed(5, "attn")
+    for name, rows in (("wide", [0]), ("attn", [1, 2])):
+        alone = _hf(pm, tok, [common.chat_ids(tok, msgs[i]) for i in rows], name, max_new_tokens=12,
+                    temperature=1.0, top_p=1.0, seed_override=common.adapter_seed(4, name))
+        assert [out[i].completion_ids for i in rows] == _tokens(alone), name
+
+
+def test_both_states_caches_keep_to_the_budget():
+    """The folded state's cache counts against a stacked call's budget (and back): the two together stay within
+    it, the stacked batch is cut into smaller ones instead, and no row loses a token."""
+    pm, tok = _three_adapters()
+    prompts = [common.chat_ids(tok, m) for m in MSGS] * 2
+    kw = dict(max_new_tokens=8, temperature=0, top_p=1.0, seed=0, batch_size=8, graphs=False, ignore_stop=True)
+    fastgen.generate(pm, tok, prompts, **kw)
+    hf = fastgen._hf_causal_lm(pm)
+    folded = fastgen._held_bytes(hf.__dict__["_chorus_fast"])
+    budget = int(1.5 * folded)
+    names = ["wide", "attn"] * 3
+    out = fastgen.generate(pm, tok, prompts, adapters=names, budget=budget, **kw)
+    stacked = fastgen._held_bytes(hf.__dict__["_chorus_fast_stack"])
+    assert 0 < stacked and folded + stacked <= budget
+    whole = fastgen.generate(pm, tok, prompts, adapters=names, **kw)       # no budget: one batch
+    assert _tokens(out) == _tokens(whole)
