@@ -1,7 +1,8 @@
 """results/small3_run.json from the round-3 run's kept state (results/small3/state/): the data counts, each
 stage's validation table and step statistics, the reward pilot's two rl0 arms side by side, the rollout
 temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl, plain or gzipped, per
-temperature) and later stages' picks on the sweep's tasks and decoding (state/refine/STAGE/, the same files).
+temperature), later stages' picks on the sweep's tasks and decoding (state/refine/STAGE/, the same files) and the
+evaluations kept so far (state/eval*/NAME/metrics.json: the reporting, skill and synthetic test splits).
 Re-run it as the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
@@ -152,6 +153,25 @@ def self_induced(folder):
             "rejected_no_improvement": s2["rejected_no_improvement"], "wall_s": done["seconds"]}
 
 
+SPLITS = {"eval": "reporting", "eval_skill": "skill", "eval_syn": "synthetic test"}
+
+
+def evaluations(state):
+    """{split folder: {name: headline}} of the kept evaluations (state/eval*/NAME/metrics.json: the weightless
+    baselines so far, the models later): direct and agentic Pass@1 with its 95 % interval, Pass@n, Cov@1, SynPass."""
+    out = {}
+    for sub in SPLITS:
+        for d in sorted((state / sub).glob("*/")):
+            if not (d / "metrics.json").is_file():
+                continue
+            m = json.loads((d / "metrics.json").read_text())
+            n = m["n"]
+            out.setdefault(sub, {})[d.name] = {"n": n, "rounds": m["rounds"], "tasks": m["num_tasks"], **{
+                mode: {**{k: round(m[mode][k], 4) for k in ("pass@1", f"pass@{n}", "cov@1", "syn_pass")},
+                       "pass@1_ci95": [round(x, 4) for x in m[mode]["pass@1_ci95"]]} for mode in ("direct", "agentic")}}
+    return out
+
+
 def refine_status(samples):
     """What became of the refinements of states that ran: the scorer's status of each round r >= 1 answer whose
     state (round `state_round`) finished its run, counted (a hole can only be fixed by an answer that runs)."""
@@ -179,6 +199,7 @@ def record(state):
             rec["sweep_pick"] = pick_temperature(rec["sweep"])
     if (state / "refine").is_dir():
         rec["refine"] = summaries(state / "refine")
+    rec["evaluations"] = evaluations(state)
     return rec
 
 

@@ -82,6 +82,10 @@ def _state(tmp_path):
                {"state_round": 0, "result": {"status": "ok", "overall_pct": 80.0}}]         # a refinement that ran
     _write(s / "refine/sft1/samples.jsonl", [{"task_id": "a", "rounds": refined}])
     (s / "refine/sft2").mkdir()                                                         # not finished: left out
+    ci = {"pass@1_ci95": [0.0, 0.0]}
+    _write(s / "eval_skill/random/metrics.json", {"n": 5, "rounds": 3, "num_tasks": 4, **{mode: {
+        "pass@1": 0.0, "pass@5": 0.0, "cov@1": 61.23456, "syn_pass": 100.0, **ci} for mode in ("direct", "agentic")}})
+    (s / "eval_skill/teacher_strong").mkdir()                                          # not finished: left out
     return s
 
 
@@ -113,6 +117,9 @@ def test_the_record_reads_the_state(tmp_path):
     assert list(rec["refine"]) == ["sft1"] and rec["refine"]["sft1"]["refine_status"] == {"ok": 1}
     assert rec["refine"]["sft1"]["hole_fixes"]["fixed_any"] == 100.0 and rec["refine"]["sft1"]["zero_spread"] == 1.0
     assert rec["reward_pick"] is None             # the arms have validated at step 3 only
+    assert rec["evaluations"] == {"eval_skill": {"random": {"n": 5, "rounds": 3, "tasks": 4, **{mode: {
+        "pass@1": 0.0, "pass@5": 0.0, "cov@1": 61.2346, "syn_pass": 100.0, "pass@1_ci95": [0.0, 0.0]}
+        for mode in ("direct", "agentic")}}}}
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
 
 
