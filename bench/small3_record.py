@@ -6,6 +6,7 @@ evaluations kept so far (state/eval*/NAME/metrics.json: the reporting, skill and
 Re-run it as the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
+     python bench/small3_record.py --state runs/s3 --reward-pick      # the pilot's pick, for the next job
 """
 import argparse
 import collections
@@ -207,10 +208,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--state", default=str(ROOT / "results/small3/state"))
     ap.add_argument("--out", default=str(ROOT / "results/small3_run.json"))
+    ap.add_argument("--reward-pick", action="store_true",
+                    help="print only the reward rule's pick from the pilot arms' logs (--state: a kept state or the "
+                         "run folder itself, so a GPU job can act on it); exit 2 before both arms reach step 50")
     a = ap.parse_args(argv)
+    if a.reward_pick:
+        state = Path(a.state)
+        pilot = {arm: {"val": val_table(state / folder / "log.jsonl")} for arm, folder in (("task", "rl0"),
+                                                                                        ("over_random", "r/rl0"))}
+        pick = pick_reward(pilot)
+        if pick is None:
+            print(f"small3_record: no reward pick yet: both arms must validate at step {REWARD_STEP}", file=sys.stderr)
+            return 2
+        print(pick)
+        return 0
     Path(a.out).write_text(json.dumps(record(a.state), indent=1) + "\n")
     print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

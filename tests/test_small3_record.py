@@ -138,6 +138,21 @@ def test_the_reward_rule():
     assert small3_record.pick_reward(pilot) == "task"
 
 
+def test_the_reward_pick_on_the_command_line(tmp_path, capsys):
+    """--reward-pick reads the two arms' logs from a run folder (no data.tgz needed) and prints the pick; before
+    step 50 it says so on one line and exits 2."""
+    row = lambda step, rew, p1: {"step": step, "val": 1, "val/reward": rew, "val/reward_se": 0.02,  # noqa: E731
+                                 "val/pass@1": p1}
+    _write(tmp_path / "rl0/log.jsonl", [row(40, 1.70, 60.0), {"step": 41, "loss": 1.0}])
+    _write(tmp_path / "r/rl0/log.jsonl", [row(40, 1.80, 61.0)])
+    assert small3_record.main(["--state", str(tmp_path), "--reward-pick"]) == 2
+    assert capsys.readouterr().err.strip() == "small3_record: no reward pick yet: both arms must validate at step 50"
+    _write(tmp_path / "rl0/log.jsonl", [row(40, 1.70, 60.0), row(50, 1.70, 60.0)])
+    _write(tmp_path / "r/rl0/log.jsonl", [row(40, 1.80, 61.0), row(50, 1.80, 61.0)])
+    assert small3_record.main(["--state", str(tmp_path), "--reward-pick"]) == 0
+    assert capsys.readouterr().out.strip() == "over_random"
+
+
 def test_the_temperature_rule():
     """Within T 1.0's interval (or above): the fewest zero-spread tasks, then the higher Pass@n; a temperature
     below the interval is out whatever its spread."""
