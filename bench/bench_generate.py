@@ -32,7 +32,8 @@ K/V stored once, two-part attention); it applies to both modes (the plain batche
 --teachers N mimics OPD's teacher rollouts of one round instead: N more adapters (random nonzero B, rank
 --lora-r) answer --rl-prompts distinct prompts x --rl-group samples each, with RL-like stop lengths, first as
 N calls one adapter at a time (as distill.py sampled them before the stack rule), then as one call whose rows run
-their own adapters (fastgen's stack rule, what distill.py does now); each timed --rl-calls times.
+their own adapters (fastgen's stack rule, what distill.py does now); each timed --rl-calls times; then a greedy
+check: each stacked row's leading tokens equal to its one-adapter row's (greedy_agreement).
    OPD teachers (GPU): python bench/bench_generate.py --teachers 3 --rl-prompts 8 --rl-group 1 --rl-cap 1280 \
                   --rl-min 1700 --rl-max 6900 --rl-batch 256 --out results/bench_generate_teachers.json
 """
@@ -201,6 +202,17 @@ def teachers_round(args, model, tok, device):
             calls.append({"mode": mode, "call": k, "rows": len(out), "new_tokens": kept, "s": round(sec, 3),
                           "tok_s": round(kept / sec, 1)})
             print(calls[-1], flush=True)
+    # greedy check under the same path (CUDA graphs on a GPU): each stacked row against its one-adapter row, as
+    # leading tokens equal (bf16 may part at a near-tie after a while; fp32 on CPU agrees fully)
+    check = {**kw, "temperature": 0, "top_p": 1.0, "max_new_tokens": min(128, args.rl_cap)}
+    alone = []
+    for name in names:
+        with common.use_adapter(model, name):
+            alone += fastgen.generate(model, tok, rows, seed=0, **check)
+    stacked = fastgen.generate(model, tok, rows * len(names), seed=0, adapters=[n for n in names for _ in rows], **check)
+    agree = [next((i for i, (u, v) in enumerate(zip(a.completion_ids, b.completion_ids)) if u != v),
+                  min(len(a.completion_ids), len(b.completion_ids))) for a, b in zip(alone, stacked)]
+    print(f"greedy agreement, stacked vs one adapter at a time (leading tokens of {check['max_new_tokens']}): {agree}")
     steady = {m: [c["s"] for c in calls if c["mode"] == m and c["call"] > 0] or
               [c["s"] for c in calls if c["mode"] == m] for m in runs}
     per_call = {m: round(sum(v) / len(v), 3) for m, v in steady.items()}
@@ -210,6 +222,7 @@ def teachers_round(args, model, tok, device):
     return {"mode": "teachers", "teachers": len(names), "rl_prompts": args.rl_prompts, "rl_group": args.rl_group,
             "rl_cap": args.rl_cap, "rl_batch": args.rl_batch, "shared_prefix": args.shared_prefix,
             "prompt_tokens": [len(p) for p in distinct], "calls": calls, "steady_s_per_round": per_call,
+            "greedy_agreement": agree,
             "speedup": round(per_call["one_at_a_time"] / per_call["stacked"], 3)}
 
 

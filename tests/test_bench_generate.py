@@ -45,6 +45,7 @@ def test_bench_generate_teachers_tiny(tmp_path):
     by_mode = {m: [c["new_tokens"] for c in r["calls"] if c["mode"] == m] for m in ("one_at_a_time", "stacked")}
     assert by_mode["one_at_a_time"] == by_mode["stacked"]
     assert r["speedup"] > 0 and set(r["steady_s_per_round"]) == {"one_at_a_time", "stacked"}
+    assert r["greedy_agreement"] == [12] * 8                   # fp32 on CPU: every stacked row as its own call
     assert run(ROOT / "bench" / "bench_generate.py", "--tiny", "--lora-r", "0", "--teachers", "2",
                check=False).splitlines()[-1].endswith("--teachers needs --lora-r > 0 (the teachers are LoRA "
                                                       "adapters beside the active one)")
