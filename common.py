@@ -975,8 +975,8 @@ def use_adapter(model, name):
 
 
 def adapter_seed(seed, name):
-    """The seed of adapter `name`'s rows when generate(adapters=...) runs one HF call per adapter: each adapter
-    its own noise (the fast path keys noise by a row's place in the one call)."""
+    """The seed of adapter `name`'s rows when generate(adapters=...) runs one HF call per adapter other than the
+    active one: each adapter its own noise (the fast path keys noise by a row's place in the one call)."""
     return int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest(), "little") >> 1
 
 
@@ -992,7 +992,8 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     Unsupported models fall back to HF with a note.
     adapters: one peft adapter name per chat instead of the active adapter. The fast path runs them all in
     one call (fastgen's stack rule: a decode step of a small batch costs about the same for more rows); HF
-    generate runs one call per adapter, each with its own seed (adapter_seed)."""
+    generate runs one call per adapter, each with its own seed (adapter_seed; the active adapter's rows keep
+    `seed`, as in a call without adapters)."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
@@ -1018,12 +1019,13 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
                 print(f"[common] fast generation unsupported ({e}); using HF generate")
         if adapters is None:
             return _generate_hf(model, tok, prompts, **kwargs)
-        out = [None] * len(prompts)
+        out, active = [None] * len(prompts), getattr(model, "active_adapter", None)
         for name in dict.fromkeys(adapters):
             rows = [i for i, a in enumerate(adapters) if a == name]
             with use_adapter(model, name):
-                for i, c in zip(rows, _generate_hf(model, tok, [prompts[i] for i in rows],
-                                                   **{**kwargs, "seed": adapter_seed(seed, name)})):
+                call_seed = seed if name == active else adapter_seed(seed, name)
+                done = _generate_hf(model, tok, [prompts[i] for i in rows], **{**kwargs, "seed": call_seed})
+                for i, c in zip(rows, done):
                     out[i] = c
         return out
     finally:

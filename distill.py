@@ -163,6 +163,41 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
     return teacher_source
 
 
+def make_joint_teachers(score_fn, teachers, *, num_samples, group_size):
+    """The teachers sampled inside the student's own generate calls (one process): each call of the student's
+    rollouts (onpolicy.make_model_source's `extra`) adds num_samples rows per teacher for each of its prompts,
+    after the student's rows, so one decoder call per round serves the student and every teacher, and the
+    student's samples are those of a call without them. Returns (extra, teacher_source): teacher_source scores
+    the stashed answers of each group's prompt, with make_teacher_source's return shape."""
+    stash = {}
+    key = lambda messages: json.dumps(messages, sort_keys=True)          # noqa: E731
+
+    def extra(messages_list):
+        prompts = messages_list[::group_size]        # the rollouts repeat each prompt group_size times in a row
+        more = [m for _ in teachers for m in prompts for _ in range(num_samples)]
+        names = [name for name in teachers for _ in prompts for _ in range(num_samples)]
+        n = len(prompts) * num_samples
+
+        def take(completions):
+            for i, name in enumerate(teachers):
+                for j, m in enumerate(prompts):
+                    stash[key(m), name] = completions[i * n + j * num_samples:i * n + (j + 1) * num_samples]
+        return more, names, take
+
+    def teacher_source(model, tok, groups, group_tasks, names, *, step):
+        missing = [g.samples[0].task_id for g in groups if (key(g.samples[0].messages), names[0]) not in stash]
+        if missing:
+            raise RuntimeError(f"joint teachers: no teacher answers for the prompts of {missing[:3]} "
+                               "(the rollouts ran without make_joint_teachers' extra rows)")
+        waits = [[[score_fn(task, c) for c in stash[key(g.samples[0].messages), name]] for name in names]
+                 for g, task in zip(groups, group_tasks)]
+        t0 = time.perf_counter()
+        rewards = [[[w().reward for w in ws] for ws in per_teacher] for per_teacher in waits]
+        stash.clear()                                 # one step's answers: the next step's prompts are others
+        return rewards, {"t_gen": 0.0, "t_sim": time.perf_counter() - t0}
+    return extra, teacher_source
+
+
 def distill_advantages(model, rows, teacher, *, temperature=1.0, topk=16, lam=1.0, pad_token_id=0,
                        max_tokens_per_micro=16384, chunk_tokens=1024):
     """Per-token vOPD advantages of student-sampled rows toward one teacher adapter.
@@ -377,9 +412,13 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
             pool, score_fn = onpolicy.make_scorer(args, tasks)
         gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                    gen_batch_size=args.gen_batch_size)
+        extra = None
+        if source is None and teacher_source is None and dist.world() == 1:   # teachers in the student's calls
+            extra, teacher_source = make_joint_teachers(score_fn, names, num_samples=args.teacher_samples,
+                                                        group_size=args.group_size)
         source = source or onpolicy.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
                                                 chunk_size=args.gen_chunk, **gen,
-                                                answer_mode=getattr(args, "answer_mode", "testbench"))
+                                                answer_mode=getattr(args, "answer_mode", "testbench"), extra=extra)
         teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
     release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)

@@ -208,21 +208,31 @@ def reward_floors(args, tasks):
 
 
 def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
-                      temperature=1.0, gen_batch_size=64, release_fast=False, answer_mode="testbench"):
+                      temperature=1.0, gen_batch_size=64, release_fast=False, answer_mode="testbench", extra=None):
     """The real rollout source: the policy generates (common.generate, fast path on CUDA), the
     scorer rewards. Returns source(model, tok, tasks, *, step, first_index) -> (groups, timings).
     Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them.
     release_fast drops the fast decoder's packed weights and KV cache after each step's rollouts, so
     the training phase gets that memory back (needed on 24 GB cards; costs a re-pack per step).
     answer_mode: the prompts of both rounds (harness.first_messages / refine_state_messages; give the
-    score_fn the same mode)."""
+    score_fn the same mode).
+    extra: more rows for each generate call, run after the policy's in the same call under other adapters
+    (distill.py's teachers on the student's prompts): extra(messages_list) -> (messages, adapter names, take),
+    and take(their completions). The policy's rows keep their samples (they come first, under the active
+    adapter and the call's seed)."""
 
     def source(model, tok, tasks, *, step, first_index):
         def generate_fn(messages_list, call_seed):
             model.eval()
-            return common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, top_p=1.0, seed=call_seed,
-                                   batch_size=gen_batch_size)
+            kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=call_seed,
+                      batch_size=gen_batch_size)
+            if extra is None:
+                return common.generate(model, tok, messages_list, **kw)
+            more, names, take = extra(messages_list)
+            out = common.generate(model, tok, messages_list + more,
+                                  adapters=[model.active_adapter] * len(messages_list) + names, **kw)
+            take(out[len(messages_list):])
+            return out[:len(messages_list)]
         out = two_round_rollouts(
             tasks, generate_fn=generate_fn, score_fn=score_fn, num_generations=num_generations,
             seed_fn=lambda rnd, idx: derive_seed(seed, "gen", step, rnd, idx),

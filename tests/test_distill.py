@@ -357,8 +357,9 @@ def _hash_score(task, c):
 
 
 def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch):
-    """Real generation by the student and both teacher adapters on one tiny base; scripted scores.
-    --release-fast frees the decoder once per step, after the teachers' rollouts, before training."""
+    """Real generation by the student and both teacher adapters on one tiny base; scripted scores. The teachers
+    answer inside the student's two generate calls (one per round); --release-fast frees the decoder once per
+    step, after the rollouts, before training."""
     paths, _, _ = experts
     out = tmp_path / "run"
     tasks = [{"id": "t0", "rtl_files": [{"name": "a.sv", "content": "module a(input x); endmodule"}],
@@ -369,7 +370,7 @@ def test_one_real_step_tiny_student_two_teachers(experts, tmp_path, monkeypatch)
     distill.run(_args(paths, out, "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
                       "--max-new-tokens", "8", "--no-gate", "--plot-every", "0", "--release-fast"),
                 score_fn=_hash_score, tasks=tasks)
-    assert events[-1] == "free" and events.count("free") == 1 and events.count("gen") == 3   # 2 rounds + teachers
+    assert events[-1] == "free" and events.count("free") == 1 and events.count("gen") == 2   # 2 rounds, teachers inside
     log = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     assert len(log) == 1 and log[0]["groups"] == 2 and log[0]["opd_groups"] == 2
     assert log[0]["num_tokens"] > 0 and log[0]["opd/b"] >= 0
@@ -406,6 +407,46 @@ def test_the_teachers_sample_in_one_call_each_with_its_own_adapter(experts, monk
                                                      for g in range(2)], name
     assert len(texts["ga"]) == 4 and texts["ga"][:2] != texts["ga"][2:]      # the two teachers answer apart
     assert model.active_adapter == "default"
+
+
+def test_joint_teachers_answer_in_the_students_calls_and_leave_its_samples(experts):
+    """make_model_source with make_joint_teachers' extra rows: one generate call per round carries the student's
+    rows and num_samples rows per teacher for each prompt; the student's samples equal a source without them,
+    and each group's teacher rewards score that teacher's own answers to the group's prompt."""
+    paths, _, _ = experts
+    model, tok = distill.build_models(_args(paths, "unused"), paths["student"], [paths["t0"], paths["t1"]])
+    tasks = [{"id": f"t{i}", "rtl_files": [{"name": "a.sv", "content": f"module a{i}(input x); endmodule"}],
+              "spec_files": [], "dut_module_name": f"a{i}", "dut_instance_name": "dut", "instruction": f"test a{i}"}
+             for i in range(2)]
+    kw = dict(num_generations=2, max_new_tokens=10, seed=3, rounds=2, chunk_size=2, temperature=1.0)
+    plain = onpolicy.make_model_source(_hash_score, **kw)(model, tok, tasks, step=0, first_index=0)[0]
+    extra, teacher_source = distill.make_joint_teachers(_hash_score, ["teacher0", "teacher1"], num_samples=2,
+                                                        group_size=2)
+    calls, generate = [], common.generate
+    seen = []
+
+    def spy(*a, **k):
+        calls.append(k.get("adapters"))
+        out = generate(*a, **k)
+        seen.append(out)
+        return out
+    common.generate = spy
+    try:
+        groups = onpolicy.make_model_source(_hash_score, extra=extra, **kw)(model, tok, tasks, step=0, first_index=0)[0]
+    finally:
+        common.generate = generate
+    assert calls == [["default"] * 4 + ["teacher0"] * 4 + ["teacher1"] * 4] * 2   # one call per round
+    assert [[s.completion_ids for s in g.samples] for g in groups] == [[s.completion_ids for s in g.samples]
+                                                                       for g in plain]
+    rewards, timings = teacher_source(model, tok, groups, tasks * 2, ["teacher0", "teacher1"], step=0)
+    assert timings["t_gen"] == 0.0 and len(rewards) == 4
+    first = seen[0][4:]                               # round 1: teacher0's 2 x 2 rows, then teacher1's
+    for g in range(2):                                # groups come back task by task, round 1 then round 2
+        got = rewards[[0, 2][g]]
+        assert got == [[_hash_score(None, c)().reward for c in first[i * 4 + g * 2:i * 4 + g * 2 + 2]]
+                       for i in range(2)]
+    with pytest.raises(RuntimeError, match="joint teachers: no teacher answers for the prompts of"):
+        teacher_source(model, tok, groups, tasks * 2, ["teacher0", "teacher1"], step=1)   # the stash is spent
 
 
 def _two_scripted_steps(experts, save_every):
