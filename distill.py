@@ -164,32 +164,39 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
 
 
 def make_joint_teachers(score_fn, teachers, *, num_samples, group_size):
-    """The teachers sampled inside the student's own generate calls (one process): each call of the student's
-    rollouts (onpolicy.make_model_source's `extra`) adds num_samples rows per teacher for each of its prompts,
-    after the student's rows, so one decoder call per round serves the student and every teacher, and the
-    student's samples are those of a call without them. Returns (extra, teacher_source): teacher_source scores
-    the stashed answers of each group's prompt, with make_teacher_source's return shape."""
+    """The teachers sampled inside the student's own generate calls (one process): each of the student's rollout
+    calls (onpolicy.make_model_source's `extra`) adds num_samples rows per teacher for each of its prompts, after
+    the student's rows, so one decoder call serves the student and every teacher (one per round when --gen-chunk
+    covers the step's prompts), and the student's rows keep their place and seed (their samples are those of a
+    call without the teachers: exactly on the HF path and in fp32; in bf16 the stacked LoRA rounds differently).
+    Returns (extra, teacher_source): teacher_source scores the stashed answers to each group's prompt, with
+    make_teacher_source's return shape. A prompt asked twice in a step (two groups of one task across an epoch's
+    end) keeps both sets of answers, one per group, in order."""
     stash = {}
     key = lambda messages: json.dumps(messages, sort_keys=True)          # noqa: E731
 
     def extra(messages_list):
+        if len(messages_list) % group_size:
+            raise ValueError(f"joint teachers: {len(messages_list)} rows are not prompts x {group_size} samples")
         prompts = messages_list[::group_size]        # the rollouts repeat each prompt group_size times in a row
         more = [m for _ in teachers for m in prompts for _ in range(num_samples)]
         names = [name for name in teachers for _ in prompts for _ in range(num_samples)]
         n = len(prompts) * num_samples
 
         def take(completions):
-            for i, name in enumerate(teachers):
-                for j, m in enumerate(prompts):
-                    stash[key(m), name] = completions[i * n + j * num_samples:i * n + (j + 1) * num_samples]
+            for j, m in enumerate(prompts):
+                stash.setdefault(key(m), []).append(
+                    [completions[i * n + j * num_samples:i * n + (j + 1) * num_samples] for i in range(len(teachers))])
         return more, names, take
 
     def teacher_source(model, tok, groups, group_tasks, names, *, step):
-        missing = [g.samples[0].task_id for g in groups if (key(g.samples[0].messages), names[0]) not in stash]
+        if list(names) != list(teachers):
+            raise ValueError(f"joint teachers: asked for {names}, sampled {teachers}")
+        missing = [g.samples[0].task_id for g in groups if not stash.get(key(g.samples[0].messages))]
         if missing:
             raise RuntimeError(f"joint teachers: no teacher answers for the prompts of {missing[:3]} "
                                "(the rollouts ran without make_joint_teachers' extra rows)")
-        waits = [[[score_fn(task, c) for c in stash[key(g.samples[0].messages), name]] for name in names]
+        waits = [[[score_fn(task, c) for c in answers] for answers in stash[key(g.samples[0].messages)].pop(0)]
                  for g, task in zip(groups, group_tasks)]
         t0 = time.perf_counter()
         rewards = [[[w().reward for w in ws] for ws in per_teacher] for per_teacher in waits]

@@ -449,6 +449,23 @@ def test_joint_teachers_answer_in_the_students_calls_and_leave_its_samples(exper
         teacher_source(model, tok, groups, tasks * 2, ["teacher0", "teacher1"], step=1)   # the stash is spent
 
 
+def test_joint_teachers_keep_one_set_of_answers_per_group_of_a_repeated_prompt():
+    """A prompt asked twice in one step (one task in two groups) keeps both sets of teacher answers, one per group,
+    in order; rows that are not prompts x group_size are refused."""
+    extra, teacher_source = distill.make_joint_teachers(_hash_score, ["teacher0"], num_samples=1, group_size=2)
+    msgs = [{"role": "user", "content": "test a"}]
+    answer = lambda text: SimpleNamespace(text=text)                                       # noqa: E731
+    for text in ("x", "yy"):                         # two calls, each with the prompt twice (the student's G = 2)
+        more, names, take = extra([msgs, msgs])
+        assert more == [msgs] and names == ["teacher0"]
+        take([answer(text)])
+    group = SimpleNamespace(samples=[SimpleNamespace(messages=msgs, task_id="a")])
+    rewards, _ = teacher_source(None, None, [group, group], [None, None], ["teacher0"], step=0)
+    assert rewards == [[[0.0]], [[1.2]]]                # "x" scores 0, "yy" 1.2 (_hash_score)
+    with pytest.raises(ValueError, match="joint teachers: 3 rows are not prompts x 2 samples"):
+        extra([msgs, msgs, msgs])
+
+
 def _two_scripted_steps(experts, save_every):
     """A two-step run's pieces on the gate table: (paths, tasks, source, teacher_source, distill.py flags)."""
     paths, _, tok = experts
