@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import common  # noqa: E402
 import fastgen  # noqa: E402
+import fastpack  # noqa: E402
 
 TASK = {"id": "bench", "spec_files": [], "instruction":
         "Generate a SystemVerilog testbench. The top module is 'counter', and its instance name should be 'dut'.",
@@ -146,7 +147,7 @@ def rl_round(args, model, tok, device):
             print({**{k_: v for k_, v in calls[-1].items() if k_ != "prompt_tokens"},
                    "prompt_tokens": f"{min(map(len, distinct))}..{max(map(len, distinct))}"}, flush=True)
     _, pack_s = timed(lambda: fastgen._fast_state(model), device)
-    st = fastgen._hf_causal_lm(model).__dict__.get("_chorus_fast") or {}
+    st = fastpack.hf_causal_lm(model).__dict__.get("_chorus_fast") or {}
     slots = {str(R): {"L": s["L"], "graphs": len(s["graphs"]), "carves": [list(k) for k in s.get("carves", {})]}
              for R, s in st.get("slots", {}).items()}
     steady = [c for c in calls if c["call"] > 0] or calls

@@ -14,6 +14,7 @@ import torch
 
 import common
 import fastgen
+import fastpack
 from test_common import MSGS, _randomize_lora, _tokens, one_thread, tiny  # noqa: F401 (fixtures, shared helpers)
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -48,7 +49,7 @@ def test_fast_4bit_base_equals_hf(tmp_path):
     kw = dict(max_new_tokens=20, temperature=0, batch_size=3)
     fast = common.generate(pm, qtok, MSGS, fast=True, **kw)
     assert _tokens(fast) == _tokens(common.generate(pm, qtok, MSGS, fast=False, **kw))
-    layer = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["W"]["layers"][0]
+    layer = fastpack.hf_causal_lm(pm).__dict__["_chorus_fast"]["W"]["layers"][0]
     assert all(isinstance(layer[g]["w"], torch.Tensor) for g in ("qkv", "o", "gu", "down"))
 
 
@@ -79,7 +80,7 @@ def test_fast_repacks_into_the_same_buffers(monkeypatch):
     _randomize_lora(pm, 4)
     kw = dict(max_new_tokens=12, temperature=0, fast=True)
     common.generate(pm, tok, MSGS, **kw)
-    hf = fastgen._hf_causal_lm(pm)
+    hf = fastpack.hf_causal_lm(pm)
     st = hf.__dict__["_chorus_fast"]
     ptrs = [L["qkv"]["w"].data_ptr() for L in st["W"]["layers"]] + [st["W"]["head"]["w"].data_ptr()]
     _randomize_lora(pm, 5)
@@ -91,13 +92,13 @@ def test_fast_repacks_into_the_same_buffers(monkeypatch):
     st["W"]["layers"][0]["gu"]["w"] = st["W"]["layers"][0]["gu"]["w"][:-1]   # a stale shape: must rebuild
     old = weakref.ref(st["W"]["layers"][1]["qkv"]["w"])
     del st
-    fresh_pack, freed_first = fastgen._pack_weights, []
+    fresh_pack, freed_first = fastpack.pack_weights, []
 
     def spy(m, into=None, stack=None):
         if into is None:                        # the rebuild: the old copy must be gone by now
             freed_first.append(old() is None)
         return fresh_pack(m, into=into, stack=stack)
-    monkeypatch.setattr(fastgen, "_pack_weights", spy)
+    monkeypatch.setattr(fastpack, "pack_weights", spy)
     out = common.generate(pm, tok, MSGS, **kw)
     assert freed_first == [True]
     assert hf.__dict__["_chorus_fast"]["W"]["layers"][0]["gu"]["w"].shape == full
@@ -140,7 +141,7 @@ def test_fast_sampled_logits_match_hf_forward(arch, fused, monkeypatch):
     record = []
     outs = fastgen.generate(pm, tok, prompts, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=5,
                               batch_size=3, graphs=False, record=record, ignore_stop=True)
-    slots = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
+    slots = fastpack.hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"]
     assert [(v["gqa"], s["gqa_prefill"]) for s in slots.values() for v in s["views"].values()] == [(fused, fused)]
     steps = torch.stack(record, 1)  # [B, steps, V]
     for b, (p, c) in enumerate(zip(prompts, outs)):
@@ -168,7 +169,7 @@ def test_fast_prefill_falls_back_when_the_fused_call_fails(monkeypatch):
     model, tok = common.tiny_model(0)
     kw = dict(max_new_tokens=10, temperature=0)
     fast = common.generate(model, tok, MSGS, fast=True, **kw)
-    slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
+    slot = next(iter(fastpack.hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
     assert all(v["gqa"] for v in slot["views"].values()) and not slot["gqa_prefill"]
     assert _tokens(fast) == _tokens(common.generate(model, tok, MSGS, fast=False, **kw))
 
@@ -179,7 +180,7 @@ def test_fast_declines_partial_rotary(capsys):
     model, tok = common.tiny_model(0)
     model.config.partial_rotary_factor = 0.5
     with pytest.raises(fastgen.FastUnsupported, match="partial rotary"):
-        fastgen._pack_weights(model)
+        fastpack.pack_weights(model)
     kw = dict(max_new_tokens=8, temperature=0)
     out = common.generate(model, tok, MSGS, fast=True, **kw)
     assert "fast generation unsupported" in capsys.readouterr().out
@@ -235,19 +236,21 @@ def test_gpu_free_bytes_applies_the_memory_cap_once(monkeypatch):
 
 
 def test_layering_and_common_reexports():
-    """fastgen imports no project module but two_part (its attention kernels), two_part none (common imports
-    fastgen: one direction), and the names callers use through common are fastgen's own objects."""
+    """fastgen imports no project module but fastpack (its packed weights) and two_part (its attention kernels),
+    those two none (common imports fastgen: one direction), and the names callers use through common are
+    fastgen's own objects (FastUnsupported is fastpack's, as fastgen names it)."""
     import ast
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     project = {p.stem for p in root.glob("*.py")}
-    for name, allowed in (("fastgen", {"two_part"}), ("two_part", set())):
+    for name, allowed in (("fastgen", {"fastpack", "two_part"}), ("fastpack", set()), ("two_part", set())):
         tree = ast.parse((root / f"{name}.py").read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "torch" in imported and imported & project == allowed, (name, imported & project)
     for name in ("Completion", "FastUnsupported", "fence_closed", "find_stop", "free_fast_cache"):
         assert getattr(common, name) is getattr(fastgen, name), name
+    assert fastgen.FastUnsupported is fastpack.FastUnsupported
 
 
 def _rl_like(tok):
@@ -270,7 +273,7 @@ def _run(pm, tok, prompts, monkeypatch, fast_paths, **kw):
                         compact(st, slot, keep, C, m, pads))
     record = []
     out = fastgen.generate(pm, tok, prompts, seed=11, batch_size=8, graphs=False, record=record, **kw)
-    slot = next(iter(fastgen._hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
+    slot = next(iter(fastpack.hf_causal_lm(pm).__dict__["_chorus_fast"]["slots"].values()))
     return out, record, sum(rows), sorted(slot["views"]), drops
 
 
@@ -331,7 +334,7 @@ def test_row_buckets_and_one_slot_reused_across_calls():
     model, tok = common.tiny_model(0)
     kw = dict(temperature=0, top_p=1.0, seed=0, batch_size=64, ignore_stop=True)
     prompts = _rl_like(tok)
-    st = lambda: fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]       # noqa: E731
+    st = lambda: fastpack.hf_causal_lm(model).__dict__["_chorus_fast"]       # noqa: E731
     fastgen.generate(model, tok, prompts[:5], max_new_tokens=8, **kw)
     slot = st()["slots"][6]
     fastgen.generate(model, tok, prompts[:3], max_new_tokens=8, **kw)         # fewer rows: same slot
@@ -390,7 +393,7 @@ def test_a_budget_that_cuts_the_batch_keeps_every_rows_tokens(temperature):
     prompts = _short_then_long(tok)
     kw = dict(max_new_tokens=24, temperature=temperature, top_p=0.95, seed=3, batch_size=8, ignore_stop=True)
     whole = fastgen.generate(model, tok, prompts, **kw)
-    st = fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]
+    st = fastpack.hf_causal_lm(model).__dict__["_chorus_fast"]
     assert list(st["slots"]) == [4]                                   # one batch of 4 rows
     cut = fastgen.generate(model, tok, prompts, budget=1, **kw)
     assert list(st["slots"]) == [1]                                   # rebuilt within the budget: 1 row

@@ -17,6 +17,7 @@ import torch
 
 import common
 import fastgen
+import fastpack
 import two_part
 from test_common import MSGS, _randomize_lora, _tokens, one_thread  # noqa: F401 (fixture, shared helpers)
 
@@ -135,7 +136,7 @@ def _run(model, tok, prompts, monkeypatch, shared, **kw):
                         compact(st, slot, c, keep, *a))
     record = []
     out = fastgen.generate(model, tok, prompts, seed=11, batch_size=16, graphs=False, record=record, **kw)
-    slot = next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
+    slot = next(iter(fastpack.hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))
     views = {key: sorted(c["views"]) for key, c in slot["carves"].items()}
     return out, record, views, moves
 
@@ -193,7 +194,7 @@ def test_shared_prefix_off_without_twins_and_slot_reuse(monkeypatch):
     monkeypatch.setattr(fastgen, "SHARED_PREFIX", True)
     kw = dict(max_new_tokens=8, temperature=0, top_p=1.0, seed=0, batch_size=16, ignore_stop=True)
     distinct = [common.chat_ids(tok, m) for m in MSGS]
-    slot = lambda: next(iter(fastgen._hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))  # noqa: E731
+    slot = lambda: next(iter(fastpack.hf_causal_lm(model).__dict__["_chorus_fast"]["slots"].values()))  # noqa: E731
     fastgen.generate(model, tok, distinct + [p[:-1] for p in distinct], **kw)   # 6 distinct rows: no carve
     assert slot()["carves"] == {}
     grouped = [p for p in distinct for _ in range(2)]

@@ -12,6 +12,7 @@ from peft import LoraConfig
 
 import common
 import fastgen
+import fastpack
 from test_common import MSGS, _randomize_lora, _tokens, one_thread  # noqa: F401 (fixture, shared helpers)
 
 
@@ -48,7 +49,7 @@ def test_each_row_decodes_with_its_own_adapter(layout, monkeypatch):
     caps = [40, 5, 20, 3, 12, 40, 7, 30, 18]
     kw = dict(max_new_tokens=40, temperature=0, top_p=1.0, ignore_stop=True)
     out = fastgen.generate(pm, tok, prompts, seed=0, batch_size=16, graphs=False, max_lens=caps, adapters=names, **kw)
-    st = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
+    st = fastpack.hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
     assert st["stack"] == ["attn", "default", "wide"] and "la" in st["W"]["layers"][0]["qkv"]
     assert "la" not in st["W"]["head"]                       # no adapter wraps the head: nothing stacked there
     for name in ("wide", "default", "attn"):
@@ -73,7 +74,7 @@ def test_sampled_rows_equal_a_one_adapter_call_and_plain_calls_fold_again():
     only = fastgen.generate(pm, tok, chats * 2, adapters=["attn"] * 6, **kw)
     mixed = fastgen.generate(pm, tok, chats * 2, adapters=["attn"] * 3 + ["wide"] * 3, **kw)
     assert _tokens(mixed[:3]) == _tokens(only[:3]) and _tokens(mixed[3:]) != _tokens(only[3:])
-    hf = fastgen._hf_causal_lm(pm)
+    hf = fastpack.hf_causal_lm(pm)
     stacked = hf.__dict__["_chorus_fast_stack"]
     plain = common.generate(pm, tok, MSGS, max_new_tokens=16, temperature=0, fast=True)
     assert hf.__dict__["_chorus_fast"]["stack"] is None and hf.__dict__["_chorus_fast_stack"] is stacked
@@ -139,9 +140,9 @@ def test_the_stack_is_sorted_and_other_kinds_of_adapter_fall_back(monkeypatch):
     prompts = [common.chat_ids(tok, m) for m in MSGS]
     kw = dict(max_new_tokens=6, temperature=0, top_p=1.0, seed=0, batch_size=4, graphs=False)
     a = fastgen.generate(pm, tok, prompts, adapters=["wide", "attn", "wide"], **kw)
-    st = fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
+    st = fastpack.hf_causal_lm(pm).__dict__["_chorus_fast_stack"]
     b = fastgen.generate(pm, tok, [prompts[1], prompts[0], prompts[2]], adapters=["attn", "wide", "wide"], **kw)
-    assert st["stack"] == ["attn", "wide"] and fastgen._hf_causal_lm(pm).__dict__["_chorus_fast_stack"] is st
+    assert st["stack"] == ["attn", "wide"] and fastpack.hf_causal_lm(pm).__dict__["_chorus_fast_stack"] is st
     assert _tokens(b) == [_tokens(a)[i] for i in (1, 0, 2)]   # each (chat, adapter) row as before
     monkeypatch.setattr(pm.peft_config["attn"], "peft_type", "IA3")
     with pytest.raises(fastgen.FastUnsupported, match=r"adapters other than LoRA in one call: \['attn'\]"):
@@ -169,7 +170,7 @@ def test_both_states_caches_keep_to_the_budget():
     prompts = [common.chat_ids(tok, m) for m in MSGS] * 2
     kw = dict(max_new_tokens=8, temperature=0, top_p=1.0, seed=0, batch_size=8, graphs=False, ignore_stop=True)
     fastgen.generate(pm, tok, prompts, **kw)
-    hf = fastgen._hf_causal_lm(pm)
+    hf = fastpack.hf_causal_lm(pm)
     folded = fastgen._held_bytes(hf.__dict__["_chorus_fast"])
     budget = int(1.5 * folded)
     names = ["wide", "attn"] * 3
