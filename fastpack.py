@@ -93,16 +93,8 @@ def _pack_group(mods, dtype, stack=None):
     parameter: the graphs read it, and later calls copy new weights into it (the weight rule).
     stack: adapter names for a call whose rows run different adapters; then nothing is folded, W is the
     base weight and la/lb hold the adapters (_stack_loras)."""
-    parts = [_linear_parts(m, active=stack is None) for m in mods]
-    if stack is not None:
-        lora = _stack_loras(mods, parts, stack, dtype)
-        if lora is not None:
-            w = torch.cat([p[0].detach().to(dtype) for p in parts])
-            b = None
-            if any(p[1] is not None for p in parts):
-                b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
-                               .to(dtype) for p in parts])
-            return {"w": w, "b": b, **lora}
+    parts = [_linear_parts(m, active=stack is None) for m in mods]     # with a stack: no adapter folded in
+    lora = None if stack is None else _stack_loras(mods, parts, stack, dtype)
     if not any(p[2] for p in parts):
         w = torch.cat([p[0].detach().to(dtype) for p in parts])
     else:
@@ -118,7 +110,7 @@ def _pack_group(mods, dtype, stack=None):
     if any(p[1] is not None for p in parts):
         b = torch.cat([(p[1].detach() if p[1] is not None else torch.zeros(p[0].shape[0], device=w.device))
                        .to(dtype) for p in parts])
-    return {"w": w, "b": b}
+    return {"w": w, "b": b, **(lora or {})}
 
 
 class Repack(Exception):
