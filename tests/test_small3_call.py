@@ -37,6 +37,7 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     (state / "sft1/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000624/adapter"}}))
     (state / "sft1/done.json").write_text("{}")
     (state / "sft2/ckpt/step_000209").mkdir(parents=True)       # a stage cut at a deadline, kept without step 0
+    (state / "sft2/ckpt/step_000209/meta.json").write_text("{}")
     for name in ("sft0", "sft1"):
         (adapters / name).mkdir(parents=True)
         (adapters / name / "adapter_config.json").write_text(json.dumps({"from": name}))
@@ -113,6 +114,34 @@ def test_the_state_travels_in_pieces_beside_the_parts(tmp_path):
     (state / "data.tgz").unlink()
     proc = job()
     assert proc.returncode == 1 and "no run folder yet: carry" in proc.stdout and "ran" not in proc.stdout
+
+
+def test_folders_without_files_are_no_piece_of_the_state(tmp_path):
+    """A checkout whose pieces are hidden from the carry may arrive with their folders but no files: such a folder
+    is not restored, nor an adapter folder without adapter_config.json; one a job restored empty before gives way
+    to the real folder when a later job carries it."""
+    stage, state, adapters = tmp_path / "stage", tmp_path / "state", tmp_path / "adapters"
+    (state / "rl0/ckpt/step_000033/adapter").mkdir(parents=True)        # a hidden piece: folders, no files
+    (state / "sft0").mkdir(parents=True)
+    (state / "sft0/result.json").write_text(json.dumps({"outcome": {"val_best_adapter": "val_ckpt/step_000312/adapter"}}))
+    (state / "sft0/done.json").write_text("{}")
+    (adapters / "sft0").mkdir(parents=True)                              # hidden too
+    (stage / "s3/r/rl0/ckpt").mkdir(parents=True)                        # restored empty by an earlier job
+    env = {**os.environ, "STAGE": str(stage), "OUT": str(tmp_path), "STATE": str(state), "ADAPTERS": str(adapters),
+           "CARRY": str(tmp_path / "carry"), "LINK": str(tmp_path / "runs/s3")}
+    job = lambda: subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", "echo ran"],   # noqa: E731
+                                 capture_output=True, text=True, env=env, timeout=60)
+    proc = job()
+    assert "restored sft0 from" in proc.stdout and not (stage / "s3/rl0").exists()
+    assert not (stage / "s3/sft0/val_ckpt").exists()
+    (state / "rl0/ckpt/step_000033/meta.json").write_text("{}")          # later jobs carry the real pieces
+    (state / "r/rl0/ckpt").mkdir(parents=True)
+    (state / "r/rl0/ckpt/meta.json").write_text("{}")
+    (adapters / "sft0/adapter_config.json").write_text("{}")
+    proc = job()
+    assert "restored r rl0 sft0/val_ckpt/step_000312/adapter from" in proc.stdout, proc.stdout
+    assert (stage / "s3/rl0/ckpt/step_000033/meta.json").is_file() and (stage / "s3/r/rl0/ckpt/meta.json").is_file()
+    assert (stage / "s3/sft0/val_ckpt/step_000312/adapter/adapter_config.json").is_file()
 
 
 def test_a_job_passes_on_the_commands_status_and_names_a_missing_path(tmp_path):

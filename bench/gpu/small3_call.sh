@@ -37,29 +37,33 @@ ADAPTERS=${ADAPTERS:-results/small3/adapters}
 LINK=${LINK:-runs/s3}
 # the run folder: whatever this checkout carries of the kept state that $STAGE/s3 lacks, so that one job's carry
 # may hold a bundle part and a piece of the state; what the machine already has is newer and stays
+has_files() { [ -d "$1" ] && [ -n "$(find "$1" -type f -print -quit)" ]; }
 restore() {
   local got=() f n s s0 pick prev=
   mkdir -p "$STAGE/s3"
   if [ ! -d "$STAGE/s3/data" ] && [ -f "$STATE/data.tgz" ]; then tar xzf "$STATE/data.tgz" -C "$STAGE/s3" && got+=(data); fi
+  # a folder of the checkout with no file in it (its files hidden from this job's carry) is not a piece of the
+  # state, and one the machine holds without files was such a folder: it gives way to the real one
   for f in "$STATE"/*/; do
-    [ -d "$f" ] || continue
+    [ -d "$f" ] && has_files "$f" || continue
     n=$(basename "$f")
-    [ -e "$STAGE/s3/$n" ] || { cp -r "$f" "$STAGE/s3/" && got+=("$n"); }
+    has_files "$STAGE/s3/$n" || { rm -rf "$STAGE/s3/$n" && cp -r "$f" "$STAGE/s3/" && got+=("$n"); }
   done
   # each finished SFT stage's pick is its published adapter; a stage cut at a deadline starts from the stage
   # before it, so its step-0 validation checkpoint is that stage's pick (kept once, not twice)
   for s in sft0 sft1 sft2; do
-    if [ -f "$STAGE/s3/$s/done.json" ] && [ -d "$ADAPTERS/$s" ]; then
+    if [ -f "$STAGE/s3/$s/done.json" ] && [ -f "$ADAPTERS/$s/adapter_config.json" ]; then
       pick=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["outcome"]["val_best_adapter"])' \
              "$STAGE/s3/$s/result.json")
-      if [ ! -d "$STAGE/s3/$s/$pick" ]; then
-        mkdir -p "$STAGE/s3/$s/$(dirname "$pick")" && cp -r "$ADAPTERS/$s" "$STAGE/s3/$s/$pick" && got+=("$s/$pick")
+      if [ ! -f "$STAGE/s3/$s/$pick/adapter_config.json" ]; then
+        rm -rf "$STAGE/s3/$s/$pick" && mkdir -p "$STAGE/s3/$s/$(dirname "$pick")" \
+          && cp -r "$ADAPTERS/$s" "$STAGE/s3/$s/$pick" && got+=("$s/$pick")
       fi
     fi
     s0=$STAGE/s3/$s/val_ckpt/step_000000
-    if [ -n "$prev" ] && [ -d "$ADAPTERS/$prev" ] && [ -d "$STAGE/s3/$s" ] && [ ! -f "$STAGE/s3/$s/done.json" ] \
-       && [ ! -d "$s0/adapter" ]; then
-      mkdir -p "$s0" && cp -r "$ADAPTERS/$prev" "$s0/adapter" && got+=("$s/val_ckpt/step_000000")
+    if [ -n "$prev" ] && [ -f "$ADAPTERS/$prev/adapter_config.json" ] && [ -d "$STAGE/s3/$s" ] \
+       && [ ! -f "$STAGE/s3/$s/done.json" ] && [ ! -f "$s0/adapter/adapter_config.json" ]; then
+      rm -rf "$s0/adapter" && mkdir -p "$s0" && cp -r "$ADAPTERS/$prev" "$s0/adapter" && got+=("$s/val_ckpt/step_000000")
     fi
     prev=$s
   done
