@@ -974,6 +974,11 @@ def use_adapter(model, name):
         model.set_adapter(active)                    # peft makes the restored adapter trainable
 
 
+def fast_path(model, fast=None):
+    """Does generate(fast=fast) try the fast decoder? (None: on CUDA, or on CPU with $CHORUS_FAST_CPU=1.)"""
+    return (_model_device(model).type == "cuda" or os.environ.get(FAST_CPU_ENV) == "1") if fast is None else fast
+
+
 def adapter_seed(seed, name):
     """The seed of adapter `name`'s rows when generate(adapters=...) runs one HF call per adapter other than the
     active one: each adapter its own noise (the fast path keys noise by a row's place in the one call)."""
@@ -1006,7 +1011,7 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
         if missing:
             raise ValueError(f"adapters: not loaded on the model: {', '.join(missing)}")
     prompts = [chat_ids(tok, msgs, add_generation_prompt=True) for msgs in messages_list]
-    use_fast = (_model_device(model).type == "cuda" or os.environ.get(FAST_CPU_ENV) == "1") if fast is None else fast
+    use_fast = fast_path(model, fast)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                   batch_size=batch_size)
     was_training = model.training
