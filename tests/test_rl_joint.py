@@ -238,3 +238,27 @@ def test_joint_flags_are_checked_before_any_work(tmp_path, capsys):
         with pytest.raises(SystemExit):
             rl.parse_args(BASE + argv)
         assert words in capsys.readouterr().err
+
+
+def test_on_the_fast_path_the_experts_share_one_call_and_the_first_samples_as_alone(tmp_path, monkeypatch):
+    """The GPU's path, run eagerly on CPU ($CHORUS_FAST_CPU): every generate call of a joint run is one stacked call
+    over both experts' rows, and the first expert's rows (first in the call, its seed) are the ones it samples
+    alone, so it trains exactly as alone; the second expert's rows have other places in the call: other samples."""
+    monkeypatch.setenv(common.FAST_CPU_ENV, "1")
+    a0, a1 = _adapter(tmp_path, 1), _adapter(tmp_path, 2)
+    base = BASE + ["--steps", "2", "--save-every", "1", "--gen-batch-size", "8"]
+    calls = []
+    real = common.generate
+
+    def spy(model, tok, msgs, **kw):
+        calls.append(kw.get("adapters"))
+        return real(model, tok, msgs, **kw)
+    rl.run(rl.parse_args(base + ["--adapter", a0, "--out", str(tmp_path / "s0")]), score_fn=_score, tasks=TASKS)
+    monkeypatch.setattr(common, "generate", spy)
+    rl.run(rl.parse_args(base + ["--adapter", a0, a1, "--out", str(tmp_path / "j0"), str(tmp_path / "j1")]),
+           score_fn=_score, tasks=TASKS)
+    assert calls and all(c is not None and c == ["expert0"] * (len(c) // 2) + ["expert1"] * (len(c) // 2)
+                         for c in calls)
+    assert len(calls) == 2 * 2                                       # 2 steps x 2 rounds, one call each
+    assert _same(_weights(tmp_path / "s0", 2), _weights(tmp_path / "j0", 2))
+    assert [r["reward"] for r in _log(tmp_path / "s0")] == [r["reward"] for r in _log(tmp_path / "j0")]
