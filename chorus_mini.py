@@ -239,9 +239,13 @@ def run_stage(ctx, name, commands, needs=None, partial=False, also=()):
         code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
         rss.append(peak_rss)
         gpu.append(peak_gpu)
-        if [rundir.deadline_stopped(f, code, t_cmd) for f in folders][0]:   # checkpointed and stopped on purpose
-            for f in folders:
-                rundir.log_call(f, time.time() - t0, "deadline")
+        if any([rundir.deadline_stopped(f, code, t_cmd) for f in folders]):   # checkpointed, stopped on purpose
+            for stage, f in zip([name, *also], folders):
+                done = rundir.read_done(f)          # one expert of a joint run may finish before the others stop
+                if also and done is not None and "stage" not in done:
+                    record_stage(stage, f, commands, t0, rss, gpu)
+                else:
+                    rundir.log_call(f, time.time() - t0, "deadline")
             print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
                   f"the same command resumes it", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)
@@ -254,16 +258,23 @@ def run_stage(ctx, name, commands, needs=None, partial=False, also=()):
               "(a subset of it ran): run it again with the full set to finish it")
         return
     for stage, f in zip([name, *also], folders):
-        earlier_s, earlier_calls = rundir.earlier_calls(f)
-        seconds = round(time.time() - t0 + earlier_s, 1)
-        if stage in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
-            rundir.write_result(f, {"commands": [str(c) for c in commands]}, {"seconds": seconds}, OUTCOMES[stage](f))
-        script = rundir.read_done(f) or {}        # the stage script's own done.json (one shape: rundir)
-        ok = lambda xs: max([x for x in xs if x is not None], default=None)
-        record = rundir.write_done(f, script.get("script", "chorus_mini.py"), script.get("files"), stage=stage,
-                                   commands=[str(c) for c in commands], seconds=seconds, calls=earlier_calls + 1,
-                                   peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu))
-        print(f"== {stage}: finished in {record['seconds']:.0f} s")
+        record_stage(stage, f, commands, t0, rss, gpu)
+
+
+def record_stage(stage, folder, commands, t0, rss, gpu):
+    """A finished stage's done.json: the commands, the seconds since t0 plus its earlier calls', the peaks, merged
+    into what the stage script wrote there (result.json too for a stage of several commands: OUTCOMES)."""
+    earlier_s, earlier_calls = rundir.earlier_calls(folder)
+    seconds = round(time.time() - t0 + earlier_s, 1)
+    if stage in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
+        rundir.write_result(folder, {"commands": [str(c) for c in commands]}, {"seconds": seconds},
+                            OUTCOMES[stage](folder))
+    script = rundir.read_done(folder) or {}        # the stage script's own done.json (one shape: rundir)
+    ok = lambda xs: max([x for x in xs if x is not None], default=None)
+    record = rundir.write_done(folder, script.get("script", "chorus_mini.py"), script.get("files"), stage=stage,
+                               commands=[str(c) for c in commands], seconds=seconds, calls=earlier_calls + 1,
+                               peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu))
+    print(f"== {stage}: finished in {record['seconds']:.0f} s")
 
 
 def read_json(path):
@@ -693,12 +704,13 @@ def cmd_run(args):
     run_stage(ctx, "sft1", [sft_cmd(c, o, model, "data/stage1.jsonl", "sft0", "sft1")])
     run_stage(ctx, "data2", [data2_cmd(c, o, model)])
     run_stage(ctx, "sft2", [sft_cmd(c, o, model, "data2/stage2.jsonl", "sft1", "sft2")])
+    joint = c["rl_joint"] and c["gpus"] <= 1          # one process: not under accelerate's several
     due = [k for k in range(3) if (not ctx.only or f"rl{k}" in ctx.only) and not (o / f"rl{k}/done.json").exists()]
-    if c["rl_joint"] and len(due) > 1:      # one process trains them all; each stage folder gets its record
+    if joint and len(due) > 1:      # one process trains them all; each stage folder gets its record
         run_stage(ctx, f"rl{due[0]}", [rl_cmd(c, o, model, due)], needs=[f"sft{k}" for k in due],
                   also=[f"rl{k}" for k in due[1:]])
-    for k in range(3):
-        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
+    for k in range(3):              # a stage a joint run finished is compared with the joint command: no note
+        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, [0, 1, 2] if joint and k not in due else k)])
     run_stage(ctx, "merge", merge_cmds(c, o, model))
     val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
     run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",

@@ -316,8 +316,12 @@ class JointGenerate:
             if common.fast_path(self.model, self.fast):
                 msgs = [m for n in names for m in batch[n][0]]
                 adapters = [n for n in names for _ in batch[n][0]]
-                out = common.generate(self.model, self.tok, msgs, adapters=adapters, fast=self.fast,
-                                      **batch[names[0]][1])
+                # every policy's adapter stacked, whoever waits: one decoder state and its graphs for all calls;
+                # the rows of all of them in one batch, as each would run its own
+                kw = {**batch[names[0]][1]}
+                kw["batch_size"] = kw.get("batch_size", 64) * len(names)
+                out = common.generate(self.model, self.tok, msgs, adapters=adapters, stack=self.names,
+                                      fast=self.fast, **kw)
                 at = 0
                 for n in names:
                     self.answers[n] = out[at:at + len(batch[n][0])]
@@ -327,10 +331,11 @@ class JointGenerate:
                     with common.use_adapter(self.model, n):
                         self.answers[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
                                                           **batch[n][1])
-        except Exception as e:          # every policy of the call raises it in its own thread
+        except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)
             for n in names:
                 self.answers[n] = e
-        self.cv.notify_all()
+        finally:
+            self.cv.notify_all()
 
 
 def joint_collect(members, collect):

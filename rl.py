@@ -439,27 +439,29 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             for e in live:                 # validate when due, checkpoint, decide: each expert under its adapter
                 model.set_adapter(e.name)
                 extra = sum(val_due_s(x.args, x.log, x.step) for x in live if x is not e)
-                e.end, e.t_ckpt = between_steps(
+                e.end, t = between_steps(
                     e.args, e.step, model=model, tok=tok, optimizer=e.optimizer, val_tasks=val_tasks, log=e.log,
                     log_path=e.log_path, out=e.out, ckpt_dir=e.ckpt_dir, resumed_step=e.resumed_step,
                     deadline=deadline, state={"user_config": e.config, "cursor": e.cursor, "log": e.log},
-                    plot_keys=PLOT_KEYS, release_fast=release_fast, write=e.write,
-                    adapter_name=e.name, extra_s=extra)
-            if any(e.end == "deadline" for e in live):     # all stop together, each checkpointed
-                for e in live:
-                    if e.end is None:
-                        model.set_adapter(e.name)
-                        rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
-                                             {"user_config": e.config, "cursor": e.cursor, "log": e.log},
-                                             e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
-                        deadline.stop(e.out, e.step, e.write)
-                deadline_hit = True
-                break
-            for e in [e for e in live if e.end]:           # done or on a plateau: this expert's run is complete
+                    plot_keys=PLOT_KEYS, release_fast=release_fast, write=e.write, adapter_name=e.name, extra_s=extra)
+                e.t_ckpt = time.perf_counter() - t          # its checkpoint and plot, logged with its next step
+            for e in [e for e in live if e.end in ("done", "plateau")]:     # this expert's run is complete
                 live.remove(e)
                 finished.append(e)
                 model.set_adapter(e.name)
                 e.done = finish_expert(e, model, tasks, n_trainable, val_tasks)
+            if any(e.end == "deadline" for e in live):     # all stop together, each checkpointed
+                for e in live:
+                    saved = rundir.latest_checkpoint(e.ckpt_dir)
+                    if e.end is None and not (saved and saved.name == f"step_{e.step:06d}"):
+                        model.set_adapter(e.name)
+                        rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
+                                             {"user_config": e.config, "cursor": e.cursor, "log": e.log},
+                                             e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
+                    if e.end is None:
+                        deadline.stop(e.out, e.step, e.write)
+                deadline_hit = True
+                break
             if not live:
                 break
             # ---------------------------------------------------------------- one RL step of every live expert

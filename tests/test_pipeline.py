@@ -228,6 +228,13 @@ def test_rl_joint_trains_the_due_experts_in_one_command_and_records_each_stage(t
     assert e.value.code == 75 and not (o / "rl2/done.json").exists() and not (o / "rl3/done.json").exists()
     for name in ("rl2", "rl3"):
         assert [json.loads(x)["why"] for x in (o / name / rundir.CALLS_LOG).read_text().splitlines()] == ["deadline"]
+    # an expert that finished before the others stopped (rl.py's own done.json) gets its stage record now
+    finish = f"import json, pathlib; pathlib.Path({str(o / 'rl3/done.json')!r}).write_text(json.dumps({{'script': 'rl.py'}}))"
+    with pytest.raises(SystemExit):
+        cm.run_stage(ctx, "rl2", [cm.Cmd(["python", "-c", finish + f"; raise SystemExit({rundir.EXIT_DEADLINE})"])],
+                     needs=[], also=["rl3"])
+    done = json.loads((o / "rl3/done.json").read_text())
+    assert done["stage"] == "rl3" and done["script"] == "rl.py" and done["calls"] == 2 and not (o / "rl2/done.json").exists()
 
 
 def test_only_needs_upstream_stages(tmp_path):

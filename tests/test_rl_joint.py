@@ -262,3 +262,24 @@ def test_on_the_fast_path_the_experts_share_one_call_and_the_first_samples_as_al
     assert len(calls) == 2 * 2                                       # 2 steps x 2 rounds, one call each
     assert _same(_weights(tmp_path / "s0", 2), _weights(tmp_path / "j0", 2))
     assert [r["reward"] for r in _log(tmp_path / "s0")] == [r["reward"] for r in _log(tmp_path / "j0")]
+
+
+def test_an_expert_that_ends_as_another_meets_the_deadline_is_finished(tmp_path, monkeypatch):
+    """Expert 0 on a plateau in the round where expert 1 meets the deadline: expert 0's run is complete (adapter,
+    done.json), expert 1 stops checkpointed at the same step, and the run exits 75."""
+    a0, a1 = _adapter(tmp_path, 1), _adapter(tmp_path, 2)
+    outs = [str(tmp_path / "d0"), str(tmp_path / "d1")]
+    real = rl.between_steps
+
+    def ends(args, step, **kw):
+        end, t = real(args, step, **kw)
+        return ("plateau" if args.out == outs[0] and step == 2 else end), t
+    monkeypatch.setattr(rl, "between_steps", ends)
+    monkeypatch.setattr(onpolicy, "deadline_near", lambda d, args, log, step, extra_s=0.0: args.out == outs[1] and step == 2)
+    argv = BASE + ["--steps", "4", "--save-every", "5", "--adapter", a0, a1, "--out", *outs]
+    assert rl.run(rl.parse_args(argv), score_fn=_score, tasks=TASKS) == rundir.EXIT_DEADLINE
+    assert (tmp_path / "d0/done.json").is_file() and (tmp_path / "d0/adapter/adapter_config.json").is_file()
+    assert json.loads((tmp_path / "d0/result.json").read_text())["outcome"]["steps"] == 2
+    assert not (tmp_path / "d1/done.json").exists() and (tmp_path / "d1" / rundir.DEADLINE_MARKER).is_file()
+    assert rundir.latest_checkpoint(tmp_path / "d1/ckpt").name == "step_000002"
+    assert all(0 <= r["t_ckpt"] < 60 for r in _log(tmp_path / "d1"))    # seconds, not a clock reading
