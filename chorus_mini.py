@@ -203,12 +203,13 @@ class _Tee:
         self.log.flush()
 
 
-def run_stage(ctx, name, commands, needs=None, partial=False):
+def run_stage(ctx, name, commands, needs=None, partial=False, also=()):
     """Run one stage unless OUT/name/done.json exists; done.json (written last) records the commands,
     the time and the peak memory, merged into what the stage script wrote there itself. needs replaces
     NEEDS[name]; partial: the commands are only part of the stage (eval of some models), so neither
     result.json nor done.json is written and a later full run does the rest. done.json's seconds sum every call
-    that ran part of the stage (rundir.CALLS_LOG; parallel lanes' subsets add up, so theirs is a sum, not a wall time)."""
+    that ran part of the stage (rundir.CALLS_LOG; parallel lanes' subsets add up, so theirs is a sum, not a wall time).
+    also: more stages the same commands complete (rl0-rl2 in one process); each gets the same record."""
     if ctx.only and name not in ctx.only:
         return
     folder, done = ctx.out / name, ctx.out / name / "done.json"
@@ -223,7 +224,11 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         raise SystemExit(f"chorus_mini.py: stage {name} needs {', '.join(missing)} (no done.json in {ctx.out}): "
                          "run those first")
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"== {name}: {len(commands)} command(s), log {folder / 'stdout.log'}")
+    print(f"== {name}: {len(commands)} command(s), log {folder / 'stdout.log'}"
+          + (f" (the commands also complete {', '.join(also)})" if also else ""))
+    folders = [folder, *(ctx.out / n for n in also)]
+    for f in folders[1:]:
+        f.mkdir(parents=True, exist_ok=True)
     t0, rss, gpu = time.time(), [], []
     for cmd in commands:
         if cmd.done and Path(cmd.done).exists():
@@ -234,8 +239,13 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
         rss.append(peak_rss)
         gpu.append(peak_gpu)
-        if rundir.deadline_stopped(folder, code, t_cmd):   # checkpointed and stopped on purpose: later stages wait
-            rundir.log_call(folder, time.time() - t0, "deadline")
+        if any([rundir.deadline_stopped(f, code, t_cmd) for f in folders]):   # checkpointed, stopped on purpose
+            for stage, f in zip([name, *also], folders):
+                done = rundir.read_done(f)          # one expert of a joint run may finish before the others stop
+                if also and done is not None and "stage" not in done:
+                    record_stage(stage, f, commands, t0, rss, gpu)
+                else:
+                    rundir.log_call(f, time.time() - t0, "deadline")
             print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
                   f"the same command resumes it", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)
@@ -247,17 +257,24 @@ def run_stage(ctx, name, commands, needs=None, partial=False):
         print(f"== {name}: {len(commands)} command(s) finished in {time.time() - t0:.0f} s; the stage is not complete "
               "(a subset of it ran): run it again with the full set to finish it")
         return
+    for stage, f in zip([name, *also], folders):
+        record_stage(stage, f, commands, t0, rss, gpu)
+
+
+def record_stage(stage, folder, commands, t0, rss, gpu):
+    """A finished stage's done.json: the commands, the seconds since t0 plus its earlier calls', the peaks, merged
+    into what the stage script wrote there (result.json too for a stage of several commands: OUTCOMES)."""
     earlier_s, earlier_calls = rundir.earlier_calls(folder)
     seconds = round(time.time() - t0 + earlier_s, 1)
-    if name in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
+    if stage in OUTCOMES:    # stages made of several commands: one result.json over them (data: + build_sft's)
         rundir.write_result(folder, {"commands": [str(c) for c in commands]}, {"seconds": seconds},
-                            OUTCOMES[name](folder))
+                            OUTCOMES[stage](folder))
     script = rundir.read_done(folder) or {}        # the stage script's own done.json (one shape: rundir)
     ok = lambda xs: max([x for x in xs if x is not None], default=None)
-    record = rundir.write_done(folder, script.get("script", "chorus_mini.py"), script.get("files"), stage=name,
+    record = rundir.write_done(folder, script.get("script", "chorus_mini.py"), script.get("files"), stage=stage,
                                commands=[str(c) for c in commands], seconds=seconds, calls=earlier_calls + 1,
                                peak_rss_mib=ok(rss), gpu_mem_peak_mib=ok(gpu))
-    print(f"== {name}: finished in {record['seconds']:.0f} s")
+    print(f"== {stage}: finished in {record['seconds']:.0f} s")
 
 
 def read_json(path):
@@ -503,9 +520,11 @@ def reward_opts(c, o):
     return ["--reward", c["rl_reward"], "--floor", rel(o / "data" / "rl_floor.json")]
 
 
-def rl_cmd(c, o, model, k):
-    return Cmd([*launch(c, "rl.py"), "--adapter", rel(sft_adapter(c, o, f"sft{k}")), "--tasks", rel(rl_tasks(c, o)),
-                "--out", rel(o / f"rl{k}"),
+def rl_cmd(c, o, model, ks):
+    """rl.py for expert k, or for the experts in a list ks in one process (rl_joint)."""
+    ks = [ks] if isinstance(ks, int) else ks
+    return Cmd([*launch(c, "rl.py"), "--adapter", *[rel(sft_adapter(c, o, f"sft{k}")) for k in ks],
+                "--tasks", rel(rl_tasks(c, o)), "--out", *[rel(o / f"rl{k}") for k in ks],
                 *opts(model=model, quant=c["quant"], profile=c["rl_profile"], steps=c["rl_steps"],
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
                       lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o),
@@ -685,8 +704,13 @@ def cmd_run(args):
     run_stage(ctx, "sft1", [sft_cmd(c, o, model, "data/stage1.jsonl", "sft0", "sft1")])
     run_stage(ctx, "data2", [data2_cmd(c, o, model)])
     run_stage(ctx, "sft2", [sft_cmd(c, o, model, "data2/stage2.jsonl", "sft1", "sft2")])
-    for k in range(3):
-        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, k)])
+    joint = c["rl_joint"] and c["gpus"] <= 1          # one process: not under accelerate's several
+    due = [k for k in range(3) if (not ctx.only or f"rl{k}" in ctx.only) and not (o / f"rl{k}/done.json").exists()]
+    if joint and len(due) > 1:      # one process trains them all; each stage folder gets its record
+        run_stage(ctx, f"rl{due[0]}", [rl_cmd(c, o, model, due)], needs=[f"sft{k}" for k in due],
+                  also=[f"rl{k}" for k in due[1:]])
+    for k in range(3):              # a stage a joint run finished is compared with the joint command: no note
+        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, [0, 1, 2] if joint and k not in due else k)])
     run_stage(ctx, "merge", merge_cmds(c, o, model))
     val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
     run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",

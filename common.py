@@ -974,6 +974,11 @@ def use_adapter(model, name):
         model.set_adapter(active)                    # peft makes the restored adapter trainable
 
 
+def fast_path(model, fast=None):
+    """Does generate(fast=fast) try the fast decoder? (None: on CUDA, or on CPU with $CHORUS_FAST_CPU=1.)"""
+    return (_model_device(model).type == "cuda" or os.environ.get(FAST_CPU_ENV) == "1") if fast is None else fast
+
+
 def adapter_seed(seed, name):
     """The seed of adapter `name`'s rows when generate(adapters=...) runs one HF call per adapter other than the
     active one: each adapter its own noise (the fast path keys noise by a row's place in the one call)."""
@@ -981,7 +986,7 @@ def adapter_seed(seed, name):
 
 
 def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0,
-             batch_size=64, fast=None, adapters=None):
+             batch_size=64, fast=None, adapters=None, stack=None):
     """Sample one completion per chat in messages_list (repeat a chat for n samples) with the model's
     active adapter. Chats are rendered with add_generation_prompt=True and left padded in batches.
     Each sequence stops at EOS or at the closing ``` of its code block. Deterministic given seed.
@@ -993,7 +998,8 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     adapters: one peft adapter name per chat instead of the active adapter. The fast path runs them all in
     one call (fastgen's stack rule: a decode step of a small batch costs about the same for more rows); HF
     generate runs one call per adapter, each with its own seed (adapter_seed; the active adapter's rows keep
-    `seed`, as in a call without adapters)."""
+    `seed`, as in a call without adapters). stack: more adapter names the fast path stacks beside the rows' (its
+    stacked state, and graphs, stay across calls naming different subsets; fastgen.generate)."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
@@ -1006,7 +1012,7 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
         if missing:
             raise ValueError(f"adapters: not loaded on the model: {', '.join(missing)}")
     prompts = [chat_ids(tok, msgs, add_generation_prompt=True) for msgs in messages_list]
-    use_fast = (_model_device(model).type == "cuda" or os.environ.get(FAST_CPU_ENV) == "1") if fast is None else fast
+    use_fast = fast_path(model, fast)
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                   batch_size=batch_size)
     was_training = model.training
@@ -1014,7 +1020,7 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     try:
         if use_fast:
             try:
-                return fastgen.generate(model, tok, prompts, adapters=adapters, **kwargs)
+                return fastgen.generate(model, tok, prompts, adapters=adapters, stack=stack, **kwargs)
             except FastUnsupported as e:
                 print(f"[common] fast generation unsupported ({e}); using HF generate")
         if adapters is None:

@@ -562,7 +562,7 @@ def _gpu_free_bytes(device):
 
 
 def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, batch_size,
-             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None, adapters=None):
+             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None, adapters=None, stack=None):
     """Fast path (fastpack's weight rule). prompts: list of id lists -> list[Completion].
     graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] of each batch
     (tests; rows that have left the batch are NaN); max_lens: optional per-prompt caps on new tokens
@@ -572,18 +572,20 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     are those of an uncut run (the noise rule; greedy and fp32 exactly, bf16 up to the kernels' rounding).
     adapters: one adapter name per prompt (peft adapters loaded on the model): each row runs its own in one
     call (the stack rule, section 3) instead of the active adapter folded in; rows of one prompt and one adapter
-    share their prefill and prefix."""
+    share their prefill and prefix. stack: more adapters to stack beside the rows' (a caller whose calls name
+    different subsets of its adapters keeps one stacked state, and its graphs, across them)."""
     if adapters is not None:
         if len(adapters) != len(prompts):
             raise ValueError("adapters: one adapter name per prompt")
+        adapters_all = set(adapters) | set(stack or ())
         known = getattr(model, "peft_config", {})
-        if not set(adapters) <= set(known):
-            raise ValueError(f"adapters: not loaded on the model: {sorted(set(adapters) - set(known))}")
-        other = sorted(a for a in set(adapters) if getattr(known[a], "peft_type", None) != "LORA")   # a str enum
+        if not adapters_all <= set(known):
+            raise ValueError(f"adapters: not loaded on the model: {sorted(adapters_all - set(known))}")
+        other = sorted(a for a in adapters_all if getattr(known[a], "peft_type", None) != "LORA")   # a str enum
         if other:
             raise FastUnsupported(f"adapters other than LoRA in one call: {other}")
     # sorted: a call naming the same adapters in another order keeps the state (and its graphs)
-    stack = None if adapters is None else sorted(set(adapters))
+    stack = None if adapters is None else sorted(adapters_all)
     arows = None if adapters is None else [stack.index(a) for a in adapters]
     if max_lens is not None and (len(max_lens) != len(prompts)
                                  or not all(1 <= x <= max_new_tokens for x in max_lens)):

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -208,7 +209,8 @@ def reward_floors(args, tasks):
 
 
 def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds=2, chunk_size=1,
-                      temperature=1.0, gen_batch_size=64, release_fast=False, answer_mode="testbench", extra=None):
+                      temperature=1.0, gen_batch_size=64, release_fast=False, answer_mode="testbench", extra=None,
+                      gen=None):
     """The real rollout source: the policy generates (common.generate, fast path on CUDA), the
     scorer rewards. Returns source(model, tok, tasks, *, step, first_index) -> (groups, timings).
     Generation seeds derive from (seed, step, round, task index), so a resumed run repeats them.
@@ -219,7 +221,10 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     extra: more rows for each generate call, run after the policy's in the same call under other adapters
     (distill.py's teachers on the student's prompts): extra(messages_list) -> (messages, adapter names, take),
     and take(their completions). The policy's rows keep their samples (they come first, under the active
-    adapter and the call's seed)."""
+    adapter and the call's seed).
+    gen: what samples instead of common.generate(model, tok, messages_list, **kw) (rl.py's experts in one
+    process: a JointGenerate's member)."""
+    gen = gen or common.generate
 
     def source(model, tok, tasks, *, step, first_index):
         def generate_fn(messages_list, call_seed):
@@ -227,7 +232,7 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
             kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=call_seed,
                       batch_size=gen_batch_size)
             if extra is None:
-                return common.generate(model, tok, messages_list, **kw)
+                return gen(model, tok, messages_list, **kw)
             more, names, take = extra(messages_list)
             out = common.generate(model, tok, messages_list + more,
                                   adapters=[model.active_adapter] * len(messages_list) + names, **kw)
@@ -253,6 +258,112 @@ def release_fast_default(flag):
         return flag
     capacity = common.gpu_capacity_bytes()
     return capacity is not None and capacity < 40 * 2**30
+
+
+class JointGenerate:
+    """Several policies' rollouts in shared generate calls: each policy (a trainable adapter of one model, rl.py's
+    experts in one process) rolls out in its own thread, and its generate call waits until every policy still
+    rolling out has one waiting; then one call serves them all (fastgen's stack rule: decode is bound by its
+    steps, not its rows, so three experts' rollouts cost about one's). The rows keep the policies' order, each
+    under its own adapter; the call's seed is the first waiting policy's. Where generate takes the HF path (CPU),
+    each policy's rows run as their own call with their own seed, under their adapter: the samples of a run
+    alone. A policy whose rollouts end leaves (leave()), so the others never wait on it. An error in the call
+    reaches every policy in it.
+
+        joint = JointGenerate(model, tok, ["expert0", "expert1"])
+        gen = joint.member("expert0")      # make_model_source(gen=...), called from that policy's thread
+    """
+
+    def __init__(self, model, tok, names, fast=None):
+        self.model, self.tok, self.names, self.fast = model, tok, list(names), fast
+        self.cv = threading.Condition()
+        self.rolling = set()             # policies inside their rollouts
+        self.waiting = {}                # name -> (messages_list, kw) of its waiting call
+        self.answers = {}                # name -> completions, or the exception of its call
+        self.calls = []                  # [(names in the call, rows)] (tests, logs)
+
+    def enter(self, name):
+        with self.cv:
+            self.rolling.add(name)
+
+    def leave(self, name):
+        with self.cv:
+            self.rolling.discard(name)
+            self._maybe_run()
+
+    def member(self, name):
+        def gen(model, tok, messages_list, **kw):
+            with self.cv:
+                self.waiting[name] = (messages_list, kw)
+                self._maybe_run()
+                while name not in self.answers:
+                    self.cv.wait()
+                out = self.answers.pop(name)
+            if isinstance(out, BaseException):
+                raise out
+            return out
+        return gen
+
+    def _maybe_run(self):
+        """Under the lock: when every policy still rolling out waits, run their calls as one and hand out the
+        answers. (The other threads wait on the lock meanwhile: the decoder has the GPU and the CPU to itself.)"""
+        if not self.waiting or not self.rolling <= set(self.waiting):
+            return
+        names = [n for n in self.names if n in self.waiting]
+        batch = {n: self.waiting.pop(n) for n in names}
+        self.calls.append((names, [len(batch[n][0]) for n in names]))
+        try:
+            if common.fast_path(self.model, self.fast):
+                msgs = [m for n in names for m in batch[n][0]]
+                adapters = [n for n in names for _ in batch[n][0]]
+                # every policy's adapter stacked, whoever waits: one decoder state and its graphs for all calls;
+                # the rows of all of them in one batch, as each would run its own
+                kw = {**batch[names[0]][1]}
+                kw["batch_size"] = kw.get("batch_size", 64) * len(names)
+                out = common.generate(self.model, self.tok, msgs, adapters=adapters, stack=self.names,
+                                      fast=self.fast, **kw)
+                at = 0
+                for n in names:
+                    self.answers[n] = out[at:at + len(batch[n][0])]
+                    at += len(batch[n][0])
+            else:
+                for n in names:
+                    with common.use_adapter(self.model, n):
+                        self.answers[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
+                                                          **batch[n][1])
+        except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)
+            for n in names:
+                self.answers[n] = e
+        finally:
+            self.cv.notify_all()
+
+
+def joint_collect(members, collect):
+    """Run collect(member) for every member in its own thread, each inside its JointGenerate's rollouts
+    (member.joint, member.name), and return their results in order; the first error is raised after every
+    thread has ended. One member runs in this thread (no rendezvous needed)."""
+    if len(members) == 1:
+        return [collect(members[0])]
+    results, errors = [None] * len(members), [None] * len(members)
+    for m in members:
+        m.joint.enter(m.name)
+
+    def work(i, m):
+        try:
+            results[i] = collect(m)
+        except BaseException as e:       # noqa: BLE001  (re-raised below, in the caller's thread)
+            errors[i] = e
+        finally:
+            m.joint.leave(m.name)
+    threads = [threading.Thread(target=work, args=(i, m), daemon=True) for i, m in enumerate(members)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
 
 
 def overlong_penalty(length, max_len, buffer):
@@ -532,14 +643,20 @@ def micro_tokens(model, rows, setting, memo):
 # -----------------------------------------------------------------------------
 # The policy: base model + trainable adapter
 
-def build_policy(args):
+def build_policy(args, adapters=None):
     """Base model + the trainable adapter ("default") + optionally a frozen copy of the initial
-    adapter ("ref", for the KL option). Returns (model, tok, ref_adapter_name)."""
+    adapter ("ref", for the KL option). Returns (model, tok, ref_adapter_name).
+    adapters: {name: folder} instead of args.adapter: several trainable adapters on one base (rl.py's experts
+    in one process; no KL reference), the first one active."""
     if args.model == "tiny":
         model, tok = common.tiny_model(seed=args.seed)
     else:
         model, tok = common.load_model(args.model, quant=args.quant)
-    if args.adapter:
+    if adapters:
+        for name, path in adapters.items():
+            model = common.load_adapter(model, path, adapter_name=name, trainable=True)
+        model.set_adapter(next(iter(adapters)))
+    elif args.adapter:
         model = common.load_adapter(model, args.adapter, trainable=True)
     else:
         torch.manual_seed(derive_seed(args.seed, "lora-init"))
@@ -651,20 +768,22 @@ PLATEAU_DELTA = 0.005          # a validation reward gain of at most this is no 
 
 
 def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path, out, ckpt_dir, resumed_step,
-                  deadline, state, plot_keys, release_fast=False, write=print):
+                  deadline, state, plot_keys, release_fast=False, write=print, adapter_name="default", extra_s=0.0):
     """What rl.py and distill.py do before each step (and after the last): validate when due (validate_step),
     checkpoint and plot (rundir.save_and_plot; forced before a deadline stop), then decide whether the run ends.
     Validation runs before the checkpoint, so a checkpoint's log holds its step's val row. Returns (end, t):
     end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau) or "deadline" ($CHORUS_DEADLINE:
-    checkpointed, resumable); t = perf_counter() before the checkpoint (the step logs the checkpoint's time)."""
+    checkpointed, resumable); t = perf_counter() before the checkpoint (the step logs the checkpoint's time).
+    adapter_name: the trainable adapter (rl.py's experts in one process: this expert's, made active by the caller);
+    extra_s: seconds the next step takes beyond this run's own (the other experts' validations due then)."""
     last_step = step == args.steps
     plateau = validate_step(args, model, tok, val_tasks, log, log_path, out, step, release_fast=release_fast,
-                            write=write) and not last_step
+                            write=write, adapter_name=adapter_name) and not last_step
     deadline.start()              # a step's time without its validation: deadline_near adds the one due next
-    hit = not last_step and not plateau and deadline_near(deadline, args, log, step)
+    hit = not last_step and not plateau and deadline_near(deadline, args, log, step, extra_s)
     t = time.perf_counter()
     rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, state, out / "curves.png", plot_keys,
-                         force=hit)
+                         force=hit, adapter_name=adapter_name)
     if last_step:
         return "done", t
     if plateau:
@@ -677,12 +796,18 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     return ("plateau" if plateau else "deadline"), t
 
 
-def deadline_near(deadline, args, log, step):
-    """rundir.Deadline.near() at the top of step `step`: the next step plus, when a validation is due after it
-    (validate_step's rule), as long as the last validation took (its val/s row)."""
+def val_due_s(args, log, step):
+    """Seconds the validation due after step `step` + 1 will take (validate_step's rule; as long as the last one
+    took, its val/s row), 0.0 when none is due."""
     nxt = step + 1
     due = args.val_tasks is not None and (nxt % args.val_every == 0 or nxt == args.steps)
-    return deadline.near(extra=rundir.last_val_seconds(log) if due else 0.0)
+    return rundir.last_val_seconds(log) if due else 0.0
+
+
+def deadline_near(deadline, args, log, step, extra_s=0.0):
+    """rundir.Deadline.near() at the top of step `step`: the next step plus, when a validation is due after it,
+    as long as the last validation took (val_due_s), plus extra_s."""
+    return deadline.near(extra=val_due_s(args, log, step) + extra_s)
 
 
 def load_val_tasks(args):
@@ -753,7 +878,8 @@ def check_best(out, log):
         shutil.rmtree(best_dir, ignore_errors=True)
 
 
-def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, release_fast=False, write=print):
+def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, release_fast=False, write=print,
+                  adapter_name="default"):
     """At step 0, every --val-every steps and the last step (unless the log already has that step's row: a
     resumed run): validate the current weights (evaluate.validate, direct answers, the run's fixed --val-seed)
     without moving the training RNG, log the row and, on a strictly better val/reward, save OUT/best/adapter.
@@ -775,7 +901,7 @@ def validate_step(args, model, tok, val_tasks, log, log_path, out, step, *, rele
         rundir.append_log(log_path, row)
         better = best is None or m["val/reward"] > best
         if better and dist.is_main():
-            common.save_adapter(model, os.path.join(out, "best", "adapter"))
+            common.save_adapter(model, os.path.join(out, "best", "adapter"), adapter_name=adapter_name)
             with open(os.path.join(out, "best", "val.json"), "w") as f:
                 json.dump(row, f, indent=1)
         se = m.get("val/reward_se")

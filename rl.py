@@ -3,6 +3,7 @@
     python rl.py --model M --adapter runs/sft0/adapter --tasks TASKS.jsonl --out runs/rl0 --profile small
     python rl.py --model tiny --tasks TASKS.jsonl --out out/rl --steps 2      # CPU smoke run
     python rl.py ... --resume                                                 # continue a killed run
+    python rl.py --model M --adapter A0 A1 A2 --out O0 O1 O2 ...              # three experts in one process
 
 Algorithm, per step (one optimizer update per rollout batch by default):
  1. Take P prompts from a seeded permutation of the tasks (indexed by a data cursor, so a resumed
@@ -41,12 +42,21 @@ Where this deviates from the paper (CHORUS trained full weights with slime on 2x
  - Run length, batch and response cap come from the profile (the paper: 2 prompts x 2 rounds x 4
    samples, 16k-token responses, 1000 updates).
 
+Several experts in one process (--adapter and --out take one folder per expert): each is its own run (its own
+folder, checkpoints, log, optimizer and data cursor, the same settings), and their rollouts share each generate
+call (onpolicy.JointGenerate: fastgen's stack rule runs each row under its expert's adapter; decode is bound by its
+steps, not its rows, so three experts' rollouts cost about one's). On the fast path an expert other than the first
+samples other tokens than it would alone (the call's seed and its rows' places); on the HF path (CPU) each expert's
+rows are a call of their own with its seed, so each expert trains exactly as alone (a test). A checkpoint names its
+weights as "default" whatever the expert's adapter is called, so an expert resumes alone or jointly alike.
+
 Rollouts, scoring, log-probs and the policy come from onpolicy.py (shared with distill.py); checkpoints,
 logs and the run folder from rundir.py. This file owns the DAPO objective and the RL run.
 """
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -56,10 +66,10 @@ import common
 import dist
 import rundir
 import sim
-from onpolicy import (SHARED_RANGES, add_rollout_args, add_runtime_args, between_steps, build_policy, check_best,
-                      collect_groups, derive_seed, filter_long_prompts, load_val_tasks, make_model_source, make_optimizer,
-                      make_scorer, micro_batches, micro_tokens, per_token_logps, release_fast_default, rollout_metrics,
-                      val_summary)
+from onpolicy import (SHARED_RANGES, JointGenerate, add_rollout_args, add_runtime_args, between_steps, build_policy,
+                      check_best, collect_groups, derive_seed, filter_long_prompts, joint_collect, load_val_tasks,
+                      make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens, per_token_logps,
+                      release_fast_default, rollout_metrics, val_due_s, val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -280,11 +290,14 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (None: SmolLM2 GGUF); 'tiny' = random test model")
     common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="common.load_model: auto (4-bit base for >= 1B on CUDA) | none | bf16 | fp32 | 4bit")
-    p.add_argument("--adapter", default=None, help="the SFT stage adapter to start from (None: a fresh LoRA)")
+    p.add_argument("--adapter", nargs="+", default=None, metavar="FOLDER",
+                   help="the SFT stage adapter to start from (None: a fresh LoRA); several: one expert each, trained in "
+                        "one process (one --out each)")
     p.add_argument("--lora-r", type=int, default=16, help="rank of a fresh LoRA (ignored with --adapter)")
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks)")
-    p.add_argument("--out", required=True, help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json")
+    p.add_argument("--out", nargs="+", required=True, metavar="FOLDER",
+                   help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json (one per --adapter)")
     # Horizon and batch
     p.add_argument("--profile", default="small", choices=sorted(PROFILES), help="defaults for the options below")
     p.add_argument("--steps", type=int, default=100, help="optimizer updates (paper: 1000)")
@@ -314,6 +327,14 @@ def parse_args(argv=None):
     p.add_argument("--kl-beta", type=float, default=None, help="k3 KL to the initial adapter; 0 = off (paper)")
     add_runtime_args(p, save_every=50)
     args = p.parse_args(argv)
+    outs, adapters = args.out, args.adapter
+    if len(outs) > 1 or (adapters and len(adapters) > 1):
+        if not adapters or len(adapters) != len(outs):
+            p.error(f"several experts need one --adapter per --out (got {len(adapters or [])} and {len(outs)})")
+        if len({os.path.realpath(o) for o in outs}) != len(outs):
+            p.error("each expert needs its own --out folder")
+        args.joint = {"adapters": adapters, "outs": outs}        # in each expert's config: who trained beside it
+    args.out, args.adapter = outs[0], adapters[0] if adapters else None
     for k, v in PROFILES[args.profile].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -322,6 +343,8 @@ def parse_args(argv=None):
     if args.refill is None:
         args.refill = "ahead" if args.gen_chunk >= args.prompts_per_step + args.max_extra_prompts else "sequential"
     rundir.check_options("rl.py", args, {**SHARED_RANGES, **RANGES})
+    if getattr(args, "joint", None) and args.kl_beta > 0:
+        p.error("--kl-beta > 0 with several experts: each would need its own reference adapter; train them apart")
     return args
 
 
@@ -335,108 +358,185 @@ RANGES = {"steps": rundir.at_least(1), "prompts_per_step": rundir.at_least(1), "
           "lora_r": rundir.at_least(1), "lora_alpha": rundir.above(0)}
 
 
+class Expert:
+    """One adapter's RL run inside this process: its own folder, checkpoints, log, optimizer and data cursor (the
+    usual run has one expert, adapter "default"; --adapter A B C trains one per folder, adapters expert0..2)."""
+
+    def __init__(self, name, args):
+        self.name, self.args = name, args
+        self.out, self.ckpt_dir, self.log_path, self.done = rundir.start_run(args)
+        self.config = vars(args).copy()
+        self.optimizer = self.log = self.source = self.bar = None
+        self.step = self.cursor = 0
+        self.resumed_step, self.micro_memo, self.end, self.t_ckpt = None, {}, None, 0.0
+
+
+def make_experts(args):
+    """The experts of a run: one per --out (their folders locked by rundir.start_run)."""
+    joint = getattr(args, "joint", None)
+    if not joint:
+        return [Expert("default", args)]
+    experts = []
+    for k, (adapter, out) in enumerate(zip(joint["adapters"], joint["outs"])):
+        experts.append(Expert(f"expert{k}", argparse.Namespace(**{**vars(args), "adapter": adapter, "out": out})))
+    return experts
+
+
 def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
-    out, ckpt_dir, log_path, done = rundir.start_run(args)
-    if done is not None:
-        return done
+    experts = make_experts(args)
+    if len(experts) > 1 and dist.world() > 1:
+        raise SystemExit("rl.py: several experts train in one process only (their rollouts share its decoder calls)")
+    finished = [e for e in experts if e.done is not None]
+    experts = [e for e in experts if e.done is None]
+    if not experts:
+        return finished[-1].done
     deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
-    user_config = vars(args).copy()
-    print("rl.py config: " + json.dumps(user_config))
+    print("rl.py config: " + json.dumps(experts[0].config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
         if not tasks:
             raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
     val_tasks = load_val_tasks(args)                  # None: no validation
-    model, tok, ref_adapter = build_policy(args)
+    joint = len(experts) > 1 or getattr(args, "joint", None)
+    model, tok, ref_adapter = build_policy(args, adapters={e.name: e.args.adapter for e in experts} if joint else None)
     tasks = filter_long_prompts(tasks, tok, model, args)
-    optimizer = make_optimizer(model, args.lr)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    print(f"tasks {len(tasks)}, trainable params {n_trainable:,}, profile {args.profile}: "
-          f"dynamic_sampling={args.dynamic_sampling} overlong_buffer={args.overlong_buffer} kl_beta={args.kl_beta}")
-
-    step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer, cursor=0)
+    for e in experts:
+        model.set_adapter(e.name)                     # its weights alone are trainable: its optimizer holds them
+        e.optimizer = make_optimizer(model, args.lr)
+        e.step, e.cursor, e.log, e.resumed_step = rundir.resume_state(e.args, e.ckpt_dir, e.log_path, model, e.optimizer,
+                                                                      cursor=0, adapter_name=e.name)
+        check_best(e.out, e.log)
+    model.set_adapter(experts[0].name)
     dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
-    check_best(out, log)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)      # one expert's
+    print(f"tasks {len(tasks)}, trainable params {n_trainable:,}" + (f" per expert, {len(experts)} experts" if joint else "")
+          + f", profile {args.profile}: dynamic_sampling={args.dynamic_sampling} overlong_buffer={args.overlong_buffer} "
+          f"kl_beta={args.kl_beta}")
 
     pool = None
-    if source is None:
-        if score_fn is None:
-            pool, score_fn = make_scorer(args, tasks)
-        source = make_model_source(score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens,
-                                   seed=args.seed, rounds=args.rounds, chunk_size=args.gen_chunk,
-                                   temperature=args.temperature, gen_batch_size=args.gen_batch_size,
-                                   release_fast=release_fast_default(args.release_fast),
-                                   answer_mode=getattr(args, "answer_mode", "testbench"))
+    if source is None and score_fn is None:
+        pool, score_fn = make_scorer(args, tasks)
+    sampler = JointGenerate(model, tok, [e.name for e in experts]) if len(experts) > 1 else None
+    release_fast = release_fast_default(args.release_fast)    # with several experts: once all their rollouts end
+    for e in experts:
+        e.joint = sampler
+        e.source = source or make_model_source(
+            score_fn, num_generations=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            rounds=args.rounds, chunk_size=args.gen_chunk, temperature=args.temperature,
+            gen_batch_size=args.gen_batch_size, release_fast=release_fast and not sampler,
+            answer_mode=getattr(args, "answer_mode", "testbench"), gen=sampler.member(e.name) if sampler else None)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    micro_memo = {}                       # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
-    bar = tqdm(total=args.steps, initial=step, desc="rl", dynamic_ncols=True, disable=not dist.is_main())
-    stopped, deadline_hit = False, False
+    for k, e in enumerate(experts):
+        e.bar = tqdm(total=args.steps, initial=e.step, desc="rl" + (f" {e.name}" if joint else ""), position=k,
+                     dynamic_ncols=True, disable=not dist.is_main())
+        e.write = (lambda msg, e=e: e.bar.write(f"[{e.name}] {msg}")) if joint else e.bar.write
+    live, deadline_hit = list(experts), False
     try:
-        while True:
-            end, t_ckpt = between_steps(
-                args, step, model=model, tok=tok, optimizer=optimizer, val_tasks=val_tasks, log=log, log_path=log_path,
-                out=out, ckpt_dir=ckpt_dir, resumed_step=resumed_step, deadline=deadline,
-                state={"user_config": user_config, "cursor": cursor, "log": log}, plot_keys=PLOT_KEYS,
-                release_fast=release_fast_default(args.release_fast), write=bar.write)
-            stopped, deadline_hit = end == "plateau", end == "deadline"
-            if end:
+        while live:
+            for e in live:                 # validate when due, checkpoint, decide: each expert under its adapter
+                model.set_adapter(e.name)
+                extra = sum(val_due_s(x.args, x.log, x.step) for x in live if x is not e)
+                e.end, t = between_steps(
+                    e.args, e.step, model=model, tok=tok, optimizer=e.optimizer, val_tasks=val_tasks, log=e.log,
+                    log_path=e.log_path, out=e.out, ckpt_dir=e.ckpt_dir, resumed_step=e.resumed_step,
+                    deadline=deadline, state={"user_config": e.config, "cursor": e.cursor, "log": e.log},
+                    plot_keys=PLOT_KEYS, release_fast=release_fast, write=e.write, adapter_name=e.name, extra_s=extra)
+                e.t_ckpt = time.perf_counter() - t          # its checkpoint and plot, logged with its next step
+            for e in [e for e in live if e.end in ("done", "plateau")]:     # this expert's run is complete
+                live.remove(e)
+                finished.append(e)
+                model.set_adapter(e.name)
+                e.done = finish_expert(e, model, tasks, n_trainable, val_tasks)
+            if any(e.end == "deadline" for e in live):     # all stop together, each checkpointed
+                for e in live:
+                    saved = rundir.latest_checkpoint(e.ckpt_dir)
+                    if e.end is None and not (saved and saved.name == f"step_{e.step:06d}"):
+                        model.set_adapter(e.name)
+                        rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
+                                             {"user_config": e.config, "cursor": e.cursor, "log": e.log},
+                                             e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
+                    if e.end is None:
+                        deadline.stop(e.out, e.step, e.write)
+                deadline_hit = True
                 break
-            # ---------------------------------------------------------------- one RL step
+            if not live:
+                break
+            # ---------------------------------------------------------------- one RL step of every live expert
             t0 = time.perf_counter()
-            t_ckpt = t0 - t_ckpt                # the checkpoint / plot written before this step
-            groups, all_groups, cursor, timings = collect_groups(
-                source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
+            batches = joint_collect(live, lambda e: collect_groups(
+                e.source, model, tok, tasks, step=e.step, cursor=e.cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed, dynamic_sampling=args.dynamic_sampling,
                 max_extra_prompts=args.max_extra_prompts, overlong=(args.max_new_tokens, args.overlong_buffer),
-                refill=args.refill)
+                refill=args.refill))
+            if sampler and release_fast:
+                common.free_fast_cache(model)
             t1 = time.perf_counter()
-            rows = [s for g in groups for s in g.samples]
-            torch.manual_seed(derive_seed(args.seed, "train", step))
-            micro = micro_tokens(model, rows, args.max_tokens_per_micro, micro_memo) if rows else None
-            if rows:
-                advantages = compute_advantages([s.reward for s in rows], args.group_size)
-                stats = train_on_batch(model, optimizer, rows, advantages.tolist(), temperature=args.temperature,
-                                       epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
-                                       max_grad_norm=args.max_grad_norm, max_tokens_per_micro=micro,
-                                       steps_per_generation=args.steps_per_generation, beta=args.kl_beta,
-                                       ref_adapter=ref_adapter, pad_token_id=pad_id)
-            else:   # dynamic sampling found no informative group within the cap: no update
-                stats = {"grad_norm": 0.0, "skipped": 1}
-            t2 = time.perf_counter()
-            # ---------------------------------------------------------------- logging
-            row = {"step": step + 1, **rollout_metrics(all_groups), "groups": len(groups),
-                   "extra_prompts": timings["extra_prompts"], "unused_prompts": timings["unused_prompts"],
-                   **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
-                   **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": t_ckpt,
-                   "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
-                   "micro_tokens": micro, **micro_memo.pop("probe", {})}
-            log.append(row)
-            rundir.append_log(log_path, row)
-            fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
-            bar.write(f"step {step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
-                      f"| pass {fmt('pass_rate', '.2f')} cov {fmt('coverage', '.3f')} compile {fmt('compile_rate', '.2f')} "
-                      f"| zero-std {fmt('frac_reward_zero_std', '.2f')} | clip {fmt('clip_ratio/low', '.3f')}/"
-                      f"{fmt('clip_ratio/high', '.3f')} | ent {fmt('entropy', '.3f')} | len {fmt('completions/mean_length', '.0f')} "
-                      f"| gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
-            bar.update(1)
-            step += 1
+            for e, (groups, all_groups, cursor, timings) in zip(live, batches):
+                model.set_adapter(e.name)
+                t2 = time.perf_counter()
+                stats, micro = update(e, model, groups, args, ref_adapter, pad_id)
+                t3 = time.perf_counter()
+                e.cursor = cursor
+                log_step(e, all_groups, groups, stats, timings, micro, t_rollout=t1 - t0, t_train=t3 - t2, args=args)
             deadline.tick()
     finally:
-        bar.close()
+        for e in experts:
+            e.bar.close()
         if pool is not None:
             pool.close()
     if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
         dist.barrier()                    # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE
+    return finished[-1].done
 
-    last = next((r for r in reversed(log) if not r.get("val")), {})       # the last training row
-    val = {**val_summary(log, args.val_patience), "stopped_on_plateau": stopped} if val_tasks is not None else {}
-    return rundir.finish_run(out, "rl.py", model, {
-        "config": user_config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
-        "outcome": {"steps": step, **{k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")}, **val}})
+
+def update(e, model, groups, args, ref_adapter, pad_id):
+    """One optimizer update of expert e (its adapter active) on its kept groups; (stats, micro-batch tokens)."""
+    rows = [s for g in groups for s in g.samples]
+    torch.manual_seed(derive_seed(args.seed, "train", e.step))
+    micro = micro_tokens(model, rows, args.max_tokens_per_micro, e.micro_memo) if rows else None
+    if not rows:                          # dynamic sampling found no informative group within the cap: no update
+        return {"grad_norm": 0.0, "skipped": 1}, micro
+    advantages = compute_advantages([s.reward for s in rows], args.group_size)
+    return train_on_batch(model, e.optimizer, rows, advantages.tolist(), temperature=args.temperature,
+                          epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
+                          max_grad_norm=args.max_grad_norm, max_tokens_per_micro=micro,
+                          steps_per_generation=args.steps_per_generation, beta=args.kl_beta,
+                          ref_adapter=ref_adapter, pad_token_id=pad_id), micro
+
+
+def log_step(e, all_groups, groups, stats, timings, micro, *, t_rollout, t_train, args):
+    """Expert e's log row of the step it just took (log.jsonl, the progress line); advances its step."""
+    row = {"step": e.step + 1, **rollout_metrics(all_groups), "groups": len(groups),
+           "extra_prompts": timings["extra_prompts"], "unused_prompts": timings["unused_prompts"],
+           **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
+           **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": e.t_ckpt,
+           "t_rollout": t_rollout, "t_train": t_train, "lr": args.lr, "cursor": e.cursor,
+           "micro_tokens": micro, **e.micro_memo.pop("probe", {})}
+    e.log.append(row)
+    rundir.append_log(e.log_path, row)
+    fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
+    e.write(f"step {e.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
+            f"| pass {fmt('pass_rate', '.2f')} cov {fmt('coverage', '.3f')} compile {fmt('compile_rate', '.2f')} "
+            f"| zero-std {fmt('frac_reward_zero_std', '.2f')} | clip {fmt('clip_ratio/low', '.3f')}/"
+            f"{fmt('clip_ratio/high', '.3f')} | ent {fmt('entropy', '.3f')} | len {fmt('completions/mean_length', '.0f')} "
+            f"| gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
+    e.bar.update(1)
+    e.step += 1
+
+
+def finish_expert(e, model, tasks, n_trainable, val_tasks):
+    """Expert e's final adapter, result.json and done.json (its adapter active); returns done.json's contents."""
+    last = next((r for r in reversed(e.log) if not r.get("val")), {})       # the last training row
+    val = {**val_summary(e.log, e.args.val_patience), "stopped_on_plateau": e.end == "plateau"} \
+        if val_tasks is not None else {}
+    return rundir.finish_run(e.out, "rl.py", model, {
+        "config": e.config, "setup": {"tasks": len(tasks), "trainable_params": n_trainable},
+        "outcome": {"steps": e.step, **{k: last.get(k) for k in ("reward", "pass_rate", "coverage", "compile_rate")},
+                    **val}}, adapter_name=e.name)
 
 
 def main(argv=None):

@@ -72,10 +72,18 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 # Checkpoints: OUT/ckpt/step_000010/{adapter/, optimizer.pt, meta.json}
 
-def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, scheduler=None):
+def _as_default(name, adapter_name):
+    """A trainable weight's name as it reads under the adapter name "default": a checkpoint names its weights so
+    whatever adapter they trained as (rl.py's experts in one process each have their own), so that any run of the
+    same LoRA settings resumes it."""
+    return name.replace(f".{adapter_name}.", ".default.") if adapter_name != "default" else name
+
+
+def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, scheduler=None, adapter_name="default"):
     """Write ckpt_dir/step_{step:06d} atomically. The adapter folder is the standard peft one (bf16, via
     common.save_adapter); optimizer.pt also holds the exact trainable weights, so that a resumed run
-    continues bit-for-bit rather than from bf16-rounded weights. keep_last > 0 keeps that many."""
+    continues bit-for-bit rather than from bf16-rounded weights. keep_last > 0 keeps that many.
+    adapter_name: the adapter saved; it must be the trainable one (optimizer.pt keeps the trainable weights)."""
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / f"step_{step:06d}"
     if not dist.is_main():
@@ -84,8 +92,9 @@ def save_checkpoint(ckpt_dir, step, model, optimizer, meta, keep_last=0, schedul
     tmp = ckpt_dir / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    common.save_adapter(model, str(tmp / "adapter"))
-    trainable = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    common.save_adapter(model, str(tmp / "adapter"), adapter_name=adapter_name)
+    trainable = {_as_default(n, adapter_name): p.detach().cpu().clone()
+                 for n, p in model.named_parameters() if p.requires_grad}
     state = {"optimizer": optimizer.state_dict(), "trainable": trainable}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
@@ -178,14 +187,15 @@ def read_meta(path):
     return json.loads((Path(path) / "meta.json").read_text())
 
 
-def load_checkpoint(path, model, optimizer, scheduler=None):
+def load_checkpoint(path, model, optimizer, scheduler=None, adapter_name="default"):
     """Restore trainable weights, optimizer (and scheduler) state and RNG states; returns the meta dict.
     A checkpoint of other trainable parameters (another adapter or LoRA rank) is refused. A handoff (no
     optimizer.pt) restores the bf16 adapter's weights and leaves the optimizer fresh (a scheduler is stepped to the
-    checkpoint's step): meta["optimizer_restored"] is False."""
+    checkpoint's step): meta["optimizer_restored"] is False. adapter_name: the model's trainable adapter, which
+    takes the checkpoint's weights (saved under any adapter name: _as_default)."""
     path = Path(path)
     if not (path / "optimizer.pt").exists():
-        load_handoff_adapter(path / "adapter", model)
+        load_handoff_adapter(path / "adapter", model, adapter_name)
         meta = read_meta(path)
         if scheduler is not None:        # the learning-rate schedule goes on from the step; only the moments are new
             with warnings.catch_warnings():
@@ -195,7 +205,7 @@ def load_checkpoint(path, model, optimizer, scheduler=None):
         set_rng_state(meta["rng"])
         return dict(meta, optimizer_restored=False)
     state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-    named = dict(model.named_parameters())
+    named = {_as_default(n, adapter_name): p for n, p in model.named_parameters()}
     mismatch = set(state["trainable"]) ^ {n for n, p in named.items() if p.requires_grad}
     if mismatch:
         raise ValueError(f"{path}: checkpoint does not match the adapter (e.g. {sorted(mismatch)[:3]}); "
@@ -447,13 +457,13 @@ def handoff_note(meta, ckpt, log_path):
     return "; a handoff: bf16 adapter, fresh optimizer moments"
 
 
-def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
+def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor, adapter_name="default"):
     """(step, cursor, log, resumed_step) after --resume from the newest checkpoint (or a fresh start);
     log.jsonl is rewritten to the checkpoint's steps, dropping any logged after it."""
     step, log, resumed_step = 0, [], None
     ckpt = latest_checkpoint(ckpt_dir) if args.resume else None
     if ckpt:
-        meta = load_checkpoint(ckpt, model, optimizer)
+        meta = load_checkpoint(ckpt, model, optimizer, adapter_name=adapter_name)
         step, cursor, log = meta["step"], meta["cursor"], meta["log"]
         resumed_step = step
         print(f"resumed from {ckpt} (step {step}, data cursor {cursor}{handoff_note(meta, ckpt, log_path)})")
@@ -462,21 +472,22 @@ def resume_state(args, ckpt_dir, log_path, model, optimizer, cursor):
     return step, cursor, log, resumed_step
 
 
-def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys, force=False):
+def save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, meta, png, keys, force=False,
+                  adapter_name="default"):
     """Top of a training step: every --save-every steps, at the end and when `force`d (a deadline stop),
     checkpoint the state after `step` updates (not again right after resuming from it); every --plot-every
     steps and at the end, redraw."""
     last = step == args.steps
     if step > 0 and (last or force or step % args.save_every == 0) and step != resumed_step:
-        save_checkpoint(ckpt_dir, step, model, optimizer, meta, args.keep_last)
+        save_checkpoint(ckpt_dir, step, model, optimizer, meta, args.keep_last, adapter_name=adapter_name)
     if meta["log"] and args.plot_every > 0 and (last or step % args.plot_every == 0):
         plot_log(meta["log"], png, keys=keys)
 
 
-def finish_run(out, script, model, result):
+def finish_run(out, script, model, result, adapter_name="default"):
     """The final adapter (bf16 peft folder), result.json (config / setup / outcome), then done.json."""
     if dist.is_main():
-        common.save_adapter(model, str(Path(out) / "adapter"))
+        common.save_adapter(model, str(Path(out) / "adapter"), adapter_name=adapter_name)
     result["setup"]["gpu_peak_mib"] = common.gpu_peak_mib()
     result["setup"]["processes"] = dist.world()
     write_result(out, result["config"], result["setup"], result["outcome"])

@@ -42,7 +42,7 @@ def step_stats(log):
         v = [r[k] for r in train if r.get(k) is not None]
         if v:
             out[k + "_median"] = round(statistics.median(v), 6)
-    calls = rows(Path(log).with_name("calls.jsonl"))
+    calls = rows(Path(log).with_name("calls.jsonl")) if Path(log).with_name("calls.jsonl").is_file() else []
     out["wall_s"] = round(sum(c["seconds"] for c in calls), 1)
     out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] else None
     return out
@@ -118,6 +118,14 @@ def pick_temperature(sweep):
 REWARD_STEP = 50
 
 
+def pilot_folders(state):
+    """{arm: folder} of the reward pilot's two rl0 arms: rl0 (task) and r/rl0 (over_random) until the pick; once
+    over_random is picked, its arm has taken rl0's place and the task arm is r/rl0_task."""
+    if (Path(state) / "r/rl0_task").is_dir():
+        return {"task": "r/rl0_task", "over_random": "rl0"}
+    return {"task": "rl0", "over_random": "r/rl0"}
+
+
 def pick_reward(pilot, step=REWARD_STEP):
     """results/small3_run.md's rule, fixed before the arms resumed past step 34: at validation step `step`,
     over_random only if its validation reward (the task reward, 1 + coverage, for both arms) beats the task arm's
@@ -190,10 +198,15 @@ def record(state):
             rec["stages"][name] = sft_stage(state / name)
     if (state / "data2/done.json").is_file():
         rec["data2"] = self_induced(state / "data2")
-    for arm, folder in (("task", "rl0"), ("over_random", "r/rl0")):
+    for arm, folder in pilot_folders(state).items():
         log = state / folder / "log.jsonl"
         rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
     rec["reward_pick"] = pick_reward(rec["pilot"])
+    for name in ("rl0", "rl1", "rl2"):          # the experts (rl0: the pilot's chosen arm, from step 0)
+        log = state / name / "log.jsonl"
+        if log.is_file():
+            rec.setdefault("experts", {})[name] = {"done": (state / name / "done.json").is_file(), "val": val_table(log),
+                                                   **step_stats(log)}
     if (state / "sweep").is_dir():
         rec["sweep"] = summaries(state / "sweep", "T")
         if "1.0" in rec["sweep"]:
@@ -214,8 +227,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.reward_pick:
         state = Path(a.state)
-        pilot = {arm: {"val": val_table(state / folder / "log.jsonl")} for arm, folder in (("task", "rl0"),
-                                                                                        ("over_random", "r/rl0"))}
+        pilot = {arm: {"val": val_table(state / folder / "log.jsonl")} for arm, folder in pilot_folders(state).items()}
         pick = pick_reward(pilot)
         if pick is None:
             print(f"small3_record: no reward pick yet: both arms must validate at step {REWARD_STEP}", file=sys.stderr)

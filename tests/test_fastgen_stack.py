@@ -87,6 +87,25 @@ def test_sampled_rows_equal_a_one_adapter_call_and_plain_calls_fold_again():
     assert "_chorus_fast" not in hf.__dict__ and "_chorus_fast_stack" not in hf.__dict__
 
 
+def test_a_stack_wider_than_the_rows_keeps_one_state_across_subsets():
+    """stack= names adapters to stack beside the rows' (rl.py's joint experts: a call without one expert's rows):
+    calls naming different subsets keep one stacked state, and each row's tokens equal those of a call whose stack
+    is just its rows' adapters."""
+    pm, tok = _three_adapters()
+    chats = [common.chat_ids(tok, m) for m in MSGS]
+    kw = dict(max_new_tokens=20, temperature=0.9, top_p=1.0, seed=3, batch_size=16, graphs=False)
+    narrow = fastgen.generate(pm, tok, chats, adapters=["wide"] * 3, **kw)
+    every = ["attn", "default", "wide"]
+    wide = fastgen.generate(pm, tok, chats, adapters=["wide"] * 3, stack=every, **kw)
+    hf = fastpack.hf_causal_lm(pm)
+    st = hf.__dict__["_chorus_fast_stack"]
+    assert st["stack"] == every and _tokens(wide) == _tokens(narrow)
+    fastgen.generate(pm, tok, chats[:2], adapters=["attn", "default"], stack=every, **kw)
+    assert hf.__dict__["_chorus_fast_stack"] is st                                 # the same state: no rebuild
+    with pytest.raises(ValueError, match="not loaded"):
+        fastgen.generate(pm, tok, chats[:1], adapters=["wide"], stack=["nope"], **kw)
+
+
 def test_common_generate_takes_adapters_on_both_paths():
     """common.generate(adapters=...): the fast call and HF's one-call-per-adapter give the same greedy tokens,
     in the chats' order; the active adapter stays active."""

@@ -204,6 +204,39 @@ def test_stage_seconds_count_every_call_that_worked_on_it(tmp_path):
     assert done["calls"] == 1 and done["seconds"] < 1.2 and not (tmp_path / "eval" / rundir.CALLS_LOG).exists()
 
 
+def test_rl_joint_trains_the_due_experts_in_one_command_and_records_each_stage(tmp_path):
+    """rl_joint: one rl.py for every expert still due (the ones --only names, less the finished), each stage folder
+    with its own record of the one command; a deadline stop leaves every folder resumable, its call logged."""
+    o = tmp_path
+    c = profiles.apply_overrides(profiles.PROFILES["small3"], ["model=M"])
+    assert c["rl_joint"] is True and profiles.PROFILES["small"]["rl_joint"] is False
+    argv = lambda cmd: cmd.argv                                      # noqa: E731
+    joint = argv(cm.rl_cmd(c, o, "M", [0, 2]))
+    i, j = joint.index("--adapter"), joint.index("--out")
+    assert joint[i + 1:i + 3] == [str(cm.rel(cm.sft_adapter(c, o, "sft0"))), str(cm.rel(cm.sft_adapter(c, o, "sft2")))]
+    assert joint[j + 1:j + 3] == [str(cm.rel(o / "rl0")), str(cm.rel(o / "rl2"))] and joint[j + 3].startswith("--")
+    ctx = type("Ctx", (), {"out": o, "only": set()})()
+    cmd = cm.Cmd(["python", "-c", f"import pathlib; [pathlib.Path({str(o)!r}, d).mkdir(exist_ok=True) "
+                  f"for d in ('rl0', 'rl1')]"])
+    cm.run_stage(ctx, "rl0", [cmd], needs=[], also=["rl1"])
+    for name in ("rl0", "rl1"):
+        done = json.loads((o / name / "done.json").read_text())
+        assert done["stage"] == name and done["commands"] == [str(cmd)] and done["calls"] == 1
+    stop = cm.Cmd(["python", "-c", f"raise SystemExit({rundir.EXIT_DEADLINE})"])
+    with pytest.raises(SystemExit) as e:
+        cm.run_stage(ctx, "rl2", [stop], needs=[], also=["rl3"])
+    assert e.value.code == 75 and not (o / "rl2/done.json").exists() and not (o / "rl3/done.json").exists()
+    for name in ("rl2", "rl3"):
+        assert [json.loads(x)["why"] for x in (o / name / rundir.CALLS_LOG).read_text().splitlines()] == ["deadline"]
+    # an expert that finished before the others stopped (rl.py's own done.json) gets its stage record now
+    finish = f"import json, pathlib; pathlib.Path({str(o / 'rl3/done.json')!r}).write_text(json.dumps({{'script': 'rl.py'}}))"
+    with pytest.raises(SystemExit):
+        cm.run_stage(ctx, "rl2", [cm.Cmd(["python", "-c", finish + f"; raise SystemExit({rundir.EXIT_DEADLINE})"])],
+                     needs=[], also=["rl3"])
+    done = json.loads((o / "rl3/done.json").read_text())
+    assert done["stage"] == "rl3" and done["script"] == "rl.py" and done["calls"] == 2 and not (o / "rl2/done.json").exists()
+
+
 def test_only_needs_upstream_stages(tmp_path):
     with pytest.raises(SystemExit) as e:
         cm.main(["run", "--profile", "smoke", "--out", str(tmp_path), "--only", "rl0", "--set", "model=tiny"])
@@ -285,7 +318,7 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     monkeypatch.setattr(cm, "execute", run_in_process)
     out = tmp_path / "run"
     tiny = [*TINY, "--set", "real_tasks=2", "--set", "real_val_tasks=1",
-            "--set", f"real_corpus={fixture_corpus(tmp_path / 'corpus')}"]
+            "--set", f"real_corpus={fixture_corpus(tmp_path / 'corpus')}", "--set", "rl_joint=true"]
     assert cm.main(["run", "--out", str(out), *tiny]) == 0
     text = capsys.readouterr().out
     assert "eval tasks are the synthetic validation tasks" in text        # no such eval file -> val tasks
@@ -307,6 +340,9 @@ def test_pipeline_runs_resumes_and_redoes(tmp_path, monkeypatch, capsys, one_tor
     skill_row = json.loads((out / "data" / "skill" / "skill_tasks.jsonl").read_text())    # one synthetic skill task
     assert skill_row["skill"]["source"] == "synthetic" and skill_row["random_floor"]["random_pass"] == 0
     assert "$ python rl.py --adapter" in (out / "rl0" / "stdout.log").read_text()
+    rl_cmds = [json.loads((out / f"rl{k}" / "done.json").read_text())["commands"] for k in range(3)]
+    assert rl_cmds[0] == rl_cmds[1] == rl_cmds[2] and len(rl_cmds[0]) == 1     # rl_joint: one process, three experts
+    assert rl_cmds[0][0].count(" --out ") == 1 and all(f"{cm.rel(out / f'rl{k}')}" in rl_cmds[0][0] for k in range(3))
     md = (out / "report" / "report.md").read_text()
     assert "smoke run" in md and "oracle union of the 3 experts" in md and "OPD, gate + RL fallback" in md
     assert "How this run differs from the paper" in md

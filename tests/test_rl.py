@@ -946,7 +946,7 @@ def test_validate_step_leaves_every_rng_stream_where_it_was(tmp_path, monkeypatc
                         {"val/reward": 1.0, "val/pass@1": 0.0, "val/cov@1": 0.0, "val/syn_pass": 0.0, "val/s": 0.0})[-1])
     args = rl.parse_args(RL_BASE + ["--out", str(tmp_path), "--steps", "3", "--val-tasks", "unused"])
     model = torch.nn.Linear(2, 2)
-    monkeypatch.setattr(common, "save_adapter", lambda m, path: __import__("os").makedirs(path, exist_ok=True))
+    monkeypatch.setattr(common, "save_adapter", lambda m, path, **k: __import__("os").makedirs(path, exist_ok=True))
     before = rundir.rng_state()
     log = []
     assert onpolicy.validate_step(args, model, None, [AND_TASK], log, tmp_path / "log.jsonl", str(tmp_path), 0) is False

@@ -121,6 +121,7 @@ def test_the_record_reads_the_state(tmp_path):
         "pass@1": 0.0, "pass@5": 0.0, "cov@1": 61.2346, "syn_pass": 100.0, "pass@1_ci95": [0.0, 0.0]}
         for mode in ("direct", "agentic")}}}}
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
+    assert rec["experts"] == {"rl0": {**{k: v for k, v in task.items() if k != "folder"}, "done": False}}
 
 
 def test_the_reward_rule():
@@ -151,6 +152,11 @@ def test_the_reward_pick_on_the_command_line(tmp_path, capsys):
     _write(tmp_path / "r/rl0/log.jsonl", [row(40, 1.80, 61.0), row(50, 1.80, 61.0)])
     assert small3_record.main(["--state", str(tmp_path), "--reward-pick"]) == 0
     assert capsys.readouterr().out.strip() == "over_random"
+    (tmp_path / "rl0").rename(tmp_path / "r/rl0_task")                # the job after the pick: the arms swap places
+    (tmp_path / "r/rl0").rename(tmp_path / "rl0")
+    assert small3_record.pilot_folders(tmp_path) == {"task": "r/rl0_task", "over_random": "rl0"}
+    assert small3_record.main(["--state", str(tmp_path), "--reward-pick"]) == 0
+    assert capsys.readouterr().out.strip() == "over_random"           # the same pick, read after the swap
 
 
 def test_the_temperature_rule():
