@@ -16,30 +16,13 @@ import common
 import onpolicy
 import rl
 import rundir
-from onpolicy import JointGenerate, Score, joint_collect
+from onpolicy import JointGenerate, joint_collect
 
-AND_RTL = "module and_gate(input a, input b, output y);\n  assign y = a & b;\nendmodule\n"
-TASKS = [{"id": f"and{k}", "spec_files": [], "rtl_files": [{"name": "and_gate.sv", "content": AND_RTL}],
-          "dut_module_name": "and_gate", "dut_instance_name": "dut",
-          "instruction": "Write a testbench for and_gate; instance name dut.",
-          "targets": [{"inst_name": "dut", "metric": "overall_average", "target_percentage": 90.0}]} for k in range(3)]
-BASE = ["--model", "tiny", "--tasks", "unused", "--prompts-per-step", "1", "--group-size", "3", "--max-new-tokens", "8",
-        "--lr", "1e-2", "--profile", "paper", "--seed", "7", "--no-gradient-checkpointing", "--plot-every", "100"]
+from test_rl import AND_TASK, one_thread  # noqa: F401 (an autouse fixture: one torch thread)
+from test_rl import RL_BASE as BASE
+from test_rl import _hash_score as _score
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _score(task, c):
-    """Reward from the text, so groups have variance (tests/test_rl.py's scripted scorer)."""
-    r = [0.0, 1.0 + (len(c.text) % 7) / 10, 1.2][sum(map(ord, c.text)) % 3]
-    s = Score(r, "ok" if r else "compile_error", r - 1 if r else None, r > 1.5, r > 0, r > 0)
-    return lambda: s
+TASKS = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
 
 
 # -----------------------------------------------------------------------------
