@@ -48,7 +48,10 @@ call (onpolicy.JointGenerate: fastgen's stack rule runs each row under its exper
 steps, not its rows, so three experts' rollouts cost about one's). On the fast path an expert other than the first
 samples other tokens than it would alone (the call's seed and its rows' places); on the HF path (CPU) each expert's
 rows are a call of their own with its seed, so each expert trains exactly as alone (a test). A checkpoint names its
-weights as "default" whatever the expert's adapter is called, so an expert resumes alone or jointly alike.
+weights as "default" whatever the expert's adapter is called, so an expert resumes alone or jointly alike. Times in a
+joint run: an expert's t_gen is the shared calls' wall time it waited through, and the decoder's t_pack / t_prefill /
+t_decode count each shared call whole for every expert in it; chorus_mini gives each expert's stage the joint
+command's wall time (their sum counts it once per expert).
 
 Rollouts, scoring, log-probs and the policy come from onpolicy.py (shared with distill.py); checkpoints,
 logs and the run folder from rundir.py. This file owns the DAPO objective and the RL run.
