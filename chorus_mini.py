@@ -529,6 +529,7 @@ def rl_cmd(c, o, model, ks):
                       prompts_per_step=c["rl_prompts"], group_size=c["rl_group"], rounds=c["rl_rounds"],
                       lr=c["rl_lr"], max_extra_prompts=c["rl_max_extra_prompts"]), *common_train_opts(c, o),
                 *reward_opts(c, o),
+                *opts(pause_at=c["rl_pause_at"] or None),
                 *(opts(stop_on_plateau=c["rl_stop_on_plateau"], min_steps=c["rl_min_steps"] or None)
                   if c["train_val"] else [])])
 

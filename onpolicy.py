@@ -740,6 +740,9 @@ def add_runtime_args(p, save_every):
     g.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (0 = all)")
     g.add_argument("--plot-every", type=int, default=10, help="redraw curves.png every N steps (and at the end); 0 = never")
     g.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in OUT/ckpt")
+    g.add_argument("--pause-at", type=int, default=0, metavar="STEP",
+                   help="stop after this step as at a deadline (checkpointed, exit 75; --resume goes on): a GPU job "
+                        "that runs a stage to a step and then something else; 0 = never")
     v = p.add_argument_group("validation (off without --val-tasks)")
     v.add_argument("--val-tasks", default=None, help="task JSONL validated (evaluate.validate) at step 0, every --val-every "
                    "steps and the last step; the best adapter goes to OUT/best/adapter")
@@ -758,7 +761,7 @@ SHARED_RANGES = {"target_mode": rundir.one_of("icarus", "cvdp"), "gen_chunk": ru
                  "sim_timeout": rundir.above(0), "max_prompt_tokens": rundir.at_least(-1),
                  "save_every": rundir.at_least(1), "keep_last": rundir.at_least(0), "plot_every": rundir.at_least(0),
                  "val_every": rundir.at_least(1), "val_n": rundir.at_least(1), "val_patience": rundir.at_least(1),
-                 "min_steps": rundir.at_least(0)}
+                 "min_steps": rundir.at_least(0), "pause_at": rundir.at_least(0)}
 
 
 # -----------------------------------------------------------------------------
@@ -780,7 +783,8 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     plateau = validate_step(args, model, tok, val_tasks, log, log_path, out, step, release_fast=release_fast,
                             write=write, adapter_name=adapter_name) and not last_step
     deadline.start()              # a step's time without its validation: deadline_near adds the one due next
-    hit = not last_step and not plateau and deadline_near(deadline, args, log, step, extra_s)
+    pause = bool(getattr(args, "pause_at", 0)) and step >= args.pause_at
+    hit = not last_step and not plateau and (pause or deadline_near(deadline, args, log, step, extra_s))
     t = time.perf_counter()
     rundir.save_and_plot(args, step, resumed_step, ckpt_dir, model, optimizer, state, out / "curves.png", plot_keys,
                          force=hit, adapter_name=adapter_name)
@@ -789,7 +793,7 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     if plateau:
         write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
     elif hit:
-        deadline.stop(out, step, write)
+        deadline.stop(out, step, write, why=f"--pause-at {args.pause_at}" if pause else None)
     else:
         return None, t
     rundir.plot_log(log, out / "curves.png", plot_keys)

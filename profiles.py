@@ -118,6 +118,7 @@ PROFILES = {
         "rl_stop_on_plateau": False,  # end an RL run at its plateau (its steps are then a maximum); OPD's three
                                    # variants keep one budget
         "rl_min_steps": 0,         # ... but never before this step (issue 21: experts train >= 100 steps)
+        "rl_pause_at": 0,          # stop the RL stages after this step, resumable (exit 75 like a deadline); 0 = never
         "tune_source": "val",      # the tasks choices are made on (validation during training unless train_val_source
                                    # is skill, the SFT val/loss rows, the OPD student without skill_val_tasks, the
                                    # merge lambdas): val = data/val_tasks.jsonl; dev = the eval file's fixed tuning
@@ -321,7 +322,7 @@ VALUE_CHECKS = {
     "opd_steps": COUNT, "opd_prompts": COUNT, "opd_group": COUNT, "opd_teacher_samples": COUNT,
     "train_val_n": COUNT, "train_val_source": rundir.one_of("tune", "skill"), "sft_val_every": COUNT,
     "sft_pick": rundir.one_of("last", "best"), "rl_val_every": COUNT,
-    "rl_val_patience": COUNT, "rl_min_steps": COUNT0, "tune_source": rundir.one_of("val", "dev"), "tune_limit": COUNT,
+    "rl_val_patience": COUNT, "rl_min_steps": COUNT0, "rl_pause_at": COUNT0, "tune_source": rundir.one_of("val", "dev"), "tune_limit": COUNT,
     "val_n": COUNT, "val_rounds": COUNT0, "eval_n": COUNT, "eval_rounds": COUNT0, "test_tasks": COUNT0,
     "test_n": COUNT, "test_rounds": COUNT0,
 }

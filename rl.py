@@ -461,8 +461,9 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                         rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
                                              {"user_config": e.config, "cursor": e.cursor, "log": e.log},
                                              e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
-                    if e.end is None:
-                        deadline.stop(e.out, e.step, e.write)
+                    if e.end is None:          # (--pause-at: the first expert to reach it stops them all)
+                        deadline.stop(e.out, e.step, e.write, why=f"--pause-at {args.pause_at}"
+                                      if args.pause_at and e.step >= args.pause_at else None)
                 deadline_hit = True
                 break
             if not live:

@@ -150,11 +150,12 @@ class Deadline:
         near = self.clock() + max(self.durations[-3:], default=0.0) + extra + self.margin > self.at
         return dist.all_sum(float(near)) > 0
 
-    def stop(self, out, step, write=print):
+    def stop(self, out, step, write=print, why=None):
         """Say so and leave OUT/deadline_stop.json {step, at} (rank 0), by which chorus_mini.py knows a deadline
-        stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE."""
-        write(f"deadline (${DEADLINE_ENV}) near: stopped after step {step}" + (", checkpointed" if step else "")
-              + "; run again with --resume to continue")
+        stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE. why: the
+        words for a stop other than the deadline's (--pause-at)."""
+        write((why or f"deadline (${DEADLINE_ENV}) near") + f": stopped after step {step}"
+              + (", checkpointed" if step else "") + "; run again with --resume to continue")
         if dist.is_main():
             marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
             (Path(out) / DEADLINE_MARKER).write_text(json.dumps(marker) + "\n")

@@ -210,6 +210,9 @@ def test_rl_joint_trains_the_due_experts_in_one_command_and_records_each_stage(t
     o = tmp_path
     c = profiles.apply_overrides(profiles.PROFILES["small3"], ["model=M"])
     assert c["rl_joint"] is True and profiles.PROFILES["small"]["rl_joint"] is False
+    assert "--pause-at" not in cm.rl_cmd(c, o, "M", 0).argv
+    paused = cm.rl_cmd(profiles.apply_overrides(c, ["rl_pause_at=50"]), o, "M", 0).argv
+    assert paused[paused.index("--pause-at") + 1] == "50"
     argv = lambda cmd: cmd.argv                                      # noqa: E731
     joint = argv(cm.rl_cmd(c, o, "M", [0, 2]))
     i, j = joint.index("--adapter"), joint.index("--out")

@@ -664,6 +664,26 @@ def test_a_deadline_stops_between_steps_checkpointed_and_resume_finishes_the_sam
     assert (b / "done.json").exists()
 
 
+def test_pause_at_stops_after_that_step_as_a_deadline_does(tmp_path, capsys):
+    """--pause-at 2 of 3 steps: checkpointed at step 2, exit 75, the marker; again with --pause-at 2 it stops at
+    once (no step past 2); --resume without it ends with an uninterrupted run's weights and log."""
+    tasks = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
+    base = RL_BASE + ["--steps", "3", "--save-every", "10"]
+    rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
+    b = tmp_path / "b"
+    assert rl.run(rl.parse_args(base + ["--out", str(b), "--pause-at", "2"]), score_fn=_hash_score, tasks=tasks) == 75
+    assert "--pause-at 2: stopped after step 2, checkpointed" in capsys.readouterr().out
+    assert rundir.latest_checkpoint(b / "ckpt").name == "step_000002" and not (b / "done.json").exists()
+    assert json.loads((b / rundir.DEADLINE_MARKER).read_text())["step"] == 2
+    assert rl.run(rl.parse_args(base + ["--out", str(b), "--pause-at", "2", "--resume"]), score_fn=_hash_score,
+                  tasks=tasks) == 75
+    assert [r["step"] for r in _log(b)] == [1, 2]
+    rl.run(rl.parse_args(base + ["--out", str(b), "--resume"]), score_fn=_hash_score, tasks=tasks)
+    wa, wb = (torch.load(tmp_path / r / "ckpt/step_000003/optimizer.pt", weights_only=False)["trainable"] for r in "ab")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa) and (b / "done.json").exists()
+    assert [r["reward"] for r in _log(tmp_path / "a")] == [r["reward"] for r in _log(b)]
+
+
 def test_checkpoint_temp_folders_are_ignored_and_rng_round_trips(tmp_path):
     (tmp_path / "ckpt" / ".tmp_step_000005").mkdir(parents=True)
     assert rundir.latest_checkpoint(tmp_path / "ckpt") is None
