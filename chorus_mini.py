@@ -54,6 +54,7 @@ import argparse
 import collections
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -239,15 +240,20 @@ def run_stage(ctx, name, commands, needs=None, partial=False, also=()):
         code, peak_rss, peak_gpu = execute(cmd, folder / "stdout.log")
         rss.append(peak_rss)
         gpu.append(peak_gpu)
+        why = [rundir.stop_reason(f) for f in folders]           # read before deadline_stopped takes the marker
         if any([rundir.deadline_stopped(f, code, t_cmd) for f in folders]):   # checkpointed, stopped on purpose
-            for stage, f in zip([name, *also], folders):
+            for stage, f, w in zip([name, *also], folders, why):
                 done = rundir.read_done(f)          # one expert of a joint run may finish before the others stop
                 if also and done is not None and "stage" not in done:
                     record_stage(stage, f, commands, t0, rss, gpu)
                 else:
-                    rundir.log_call(f, time.time() - t0, "deadline")
-            print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
-                  f"the same command resumes it", file=sys.stderr)
+                    rundir.log_call(f, time.time() - t0, w)
+            if "deadline" in why:
+                print(f"chorus_mini.py: stage {name} stopped at the deadline (${rundir.DEADLINE_ENV}), checkpointed: "
+                      f"the same command resumes it", file=sys.stderr)
+            else:
+                print(f"chorus_mini.py: stage {name} paused (rl_pause_at), checkpointed: the same command without "
+                      f"rl_pause_at goes on", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)
         if code != 0:
             raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
@@ -534,6 +540,18 @@ def rl_cmd(c, o, model, ks):
                   if c["train_val"] else [])])
 
 
+def joint_experts(o, k):
+    """The experts whose one rl.py command finished stage rl{k} (its done.json's command names their --out folders),
+    or k alone: what rl_cmd must be given to print that command again."""
+    done = rundir.read_done(o / f"rl{k}") or {}
+    argv = shlex.split((done.get("commands") or [""])[0])
+    if "--out" not in argv:
+        return k
+    outs = list(itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--out") + 1:]))
+    ks = [j for j in range(3) for out in outs if out == str(rel(o / f"rl{j}"))]
+    return ks if len(ks) > 1 and k in ks else k
+
+
 def merge_cmd(c, o, name, lam=None, out=None):
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     out = out or o / "merge" / name
@@ -710,8 +728,8 @@ def cmd_run(args):
     if joint and len(due) > 1:      # one process trains them all; each stage folder gets its record
         run_stage(ctx, f"rl{due[0]}", [rl_cmd(c, o, model, due)], needs=[f"sft{k}" for k in due],
                   also=[f"rl{k}" for k in due[1:]])
-    for k in range(3):              # a stage a joint run finished is compared with the joint command: no note
-        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, [0, 1, 2] if joint and k not in due else k)])
+    for k in range(3):              # a stage a joint command finished is compared with that command: no note
+        run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, joint_experts(o, k))])
     run_stage(ctx, "merge", merge_cmds(c, o, model))
     val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
     run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",

@@ -439,7 +439,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 out=out, ckpt_dir=ckpt_dir, resumed_step=resumed_step, deadline=deadline,
                 state={"user_config": user_config, "cursor": cursor, "log": log}, plot_keys=PLOT_KEYS,
                 release_fast=release_fast, write=bar.write)
-            stopped, deadline_hit = end == "plateau", end == "deadline"
+            stopped, deadline_hit = end == "plateau", end in ("deadline", "pause")
             if end:
                 break
             # ---------------------------------------------------------------- rollouts and the gate

@@ -574,6 +574,8 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     call (the stack rule, section 3) instead of the active adapter folded in; rows of one prompt and one adapter
     share their prefill and prefix. stack: more adapters to stack beside the rows' (a caller whose calls name
     different subsets of its adapters keeps one stacked state, and its graphs, across them)."""
+    if stack is not None and (adapters is None or isinstance(stack, str)):
+        raise ValueError("stack: a list of adapter names, beside adapters (one per prompt)")
     if adapters is not None:
         if len(adapters) != len(prompts):
             raise ValueError("adapters: one adapter name per prompt")

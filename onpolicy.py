@@ -775,7 +775,8 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     """What rl.py and distill.py do before each step (and after the last): validate when due (validate_step),
     checkpoint and plot (rundir.save_and_plot; forced before a deadline stop), then decide whether the run ends.
     Validation runs before the checkpoint, so a checkpoint's log holds its step's val row. Returns (end, t):
-    end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau) or "deadline" ($CHORUS_DEADLINE:
+    end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau), "pause" (--pause-at: stopped as at a
+    deadline) or "deadline" ($CHORUS_DEADLINE:
     checkpointed, resumable); t = perf_counter() before the checkpoint (the step logs the checkpoint's time).
     adapter_name: the trainable adapter (rl.py's experts in one process: this expert's, made active by the caller);
     extra_s: seconds the next step takes beyond this run's own (the other experts' validations due then)."""
@@ -793,11 +794,11 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     if plateau:
         write(f"validation plateau at step {step}: stopping (--stop-on-plateau)")
     elif hit:
-        deadline.stop(out, step, write, why=f"--pause-at {args.pause_at}" if pause else None)
+        deadline.stop(out, step, write, pause=args.pause_at if pause else None)
     else:
         return None, t
     rundir.plot_log(log, out / "curves.png", plot_keys)
-    return ("plateau" if plateau else "deadline"), t
+    return ("plateau" if plateau else "pause" if pause else "deadline"), t
 
 
 def val_due_s(args, log, step):

@@ -436,7 +436,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
         e.bar = tqdm(total=args.steps, initial=e.step, desc="rl" + (f" {e.name}" if joint else ""), position=k,
                      dynamic_ncols=True, disable=not dist.is_main())
         e.write = (lambda msg, e=e: e.bar.write(f"[{e.name}] {msg}")) if joint else e.bar.write
-    live, deadline_hit = list(experts), False
+    live, paused, deadline_hit = list(experts), [], False
     try:
         while live:
             for e in live:                 # validate when due, checkpoint, decide: each expert under its adapter
@@ -448,9 +448,12 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                     deadline=deadline, state={"user_config": e.config, "cursor": e.cursor, "log": e.log},
                     plot_keys=PLOT_KEYS, release_fast=release_fast, write=e.write, adapter_name=e.name, extra_s=extra)
                 e.t_ckpt = time.perf_counter() - t          # its checkpoint and plot, logged with its next step
-            for e in [e for e in live if e.end in ("done", "plateau")]:     # this expert's run is complete
+            for e in [e for e in live if e.end in ("done", "plateau", "pause")]:
                 live.remove(e)
-                finished.append(e)
+                if e.end == "pause":                  # checkpointed and stopped; the others go on to their own
+                    paused.append(e)
+                    continue
+                finished.append(e)                    # done or on a plateau: this expert's run is complete
                 model.set_adapter(e.name)
                 e.done = finish_expert(e, model, tasks, n_trainable, val_tasks)
             if any(e.end == "deadline" for e in live):     # all stop together, each checkpointed
@@ -461,9 +464,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
                         rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
                                              {"user_config": e.config, "cursor": e.cursor, "log": e.log},
                                              e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
-                    if e.end is None:          # (--pause-at: the first expert to reach it stops them all)
-                        deadline.stop(e.out, e.step, e.write, why=f"--pause-at {args.pause_at}"
-                                      if args.pause_at and e.step >= args.pause_at else None)
+                    if e.end is None:
+                        deadline.stop(e.out, e.step, e.write)
                 deadline_hit = True
                 break
             if not live:
@@ -491,7 +493,7 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             e.bar.close()
         if pool is not None:
             pool.close()
-    if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
+    if deadline_hit or paused:            # unfinished: no adapter/, result.json or done.json; --resume continues
         dist.barrier()                    # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE
     return finished[-1].done

@@ -150,17 +150,31 @@ class Deadline:
         near = self.clock() + max(self.durations[-3:], default=0.0) + extra + self.margin > self.at
         return dist.all_sum(float(near)) > 0
 
-    def stop(self, out, step, write=print, why=None):
-        """Say so and leave OUT/deadline_stop.json {step, at} (rank 0), by which chorus_mini.py knows a deadline
-        stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE. why: the
-        words for a stop other than the deadline's (--pause-at)."""
-        write((why or f"deadline (${DEADLINE_ENV}) near") + f": stopped after step {step}"
-              + (", checkpointed" if step else "") + "; run again with --resume to continue")
+    def stop(self, out, step, write=print, pause=None):
+        """Say so and leave OUT/deadline_stop.json {step, at, why} (rank 0), by which chorus_mini.py knows a deadline
+        stop when a launcher (accelerate, torchrun) turns the exit code 75 into 1; returns EXIT_DEADLINE. pause: the
+        step of a --pause-at stop (the same stop, other words: that flag must go for the run to go on)."""
+        if pause is None:
+            write(f"deadline (${DEADLINE_ENV}) near: stopped after step {step}" + (", checkpointed" if step else "")
+                  + "; run again with --resume to continue")
+        else:
+            write(f"--pause-at {pause}: stopped after step {step}" + (", checkpointed" if step else "")
+                  + "; run again with --resume and without --pause-at to go on")
         if dist.is_main():
-            marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            marker = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "why": "deadline" if pause is None else "pause"}
             (Path(out) / DEADLINE_MARKER).write_text(json.dumps(marker) + "\n")
         unlock_run(out)                 # the run is over for now: a resume (another process) may take the folder
         return EXIT_DEADLINE
+
+
+def stop_reason(out):
+    """Why the run in OUT stopped unfinished, from its marker: "pause" (--pause-at) or "deadline" (also without a
+    marker: an exit 75 with none left is the deadline's)."""
+    try:
+        return json.loads((Path(out) / DEADLINE_MARKER).read_text()).get("why", "deadline")
+    except (OSError, ValueError):
+        return "deadline"
 
 
 def deadline_stopped(out, code, since):

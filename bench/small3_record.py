@@ -29,22 +29,26 @@ def rows(path):
     return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
 
 
-def val_table(log):
+def val_table(log, upto=None):
     return [{"step": r["step"], **{k: round(r[k], 6) for k in VAL_KEYS if r.get(k) is not None}}
-            for r in rows(log) if r.get("val")]
+            for r in rows(log) if r.get("val") and (upto is None or r["step"] <= upto)]
 
 
-def step_stats(log):
-    """Medians of the training rows from step 2 on (step 1 carries the graph captures)."""
-    train = [r for r in rows(log) if not r.get("val") and r["step"] >= 2]
-    out = {"steps": max((r["step"] for r in rows(log) if not r.get("val")), default=0)}
+def step_stats(log, upto=None):
+    """Medians of the training rows from step 2 on (step 1 carries the graph captures), up to step `upto`; the wall
+    time (the calls' sum) only when no step after `upto` shares it."""
+    every = [r for r in rows(log) if not r.get("val")]
+    later = upto is not None and any(r["step"] > upto for r in every)
+    every = [r for r in every if upto is None or r["step"] <= upto]
+    train = [r for r in every if r["step"] >= 2]
+    out = {"steps": max((r["step"] for r in every), default=0)}
     for k in STEP_KEYS:
         v = [r[k] for r in train if r.get(k) is not None]
         if v:
             out[k + "_median"] = round(statistics.median(v), 6)
     calls = rows(Path(log).with_name("calls.jsonl")) if Path(log).with_name("calls.jsonl").is_file() else []
-    out["wall_s"] = round(sum(c["seconds"] for c in calls), 1)
-    out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] else None
+    out["wall_s"] = None if later else round(sum(c["seconds"] for c in calls), 1)
+    out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] and not later else None
     return out
 
 
@@ -198,9 +202,9 @@ def record(state):
             rec["stages"][name] = sft_stage(state / name)
     if (state / "data2/done.json").is_file():
         rec["data2"] = self_induced(state / "data2")
-    for arm, folder in pilot_folders(state).items():
+    for arm, folder in pilot_folders(state).items():     # up to the pick's step: the chosen arm goes on as rl0
         log = state / folder / "log.jsonl"
-        rec["pilot"][arm] = {"folder": folder, "val": val_table(log), **step_stats(log)}
+        rec["pilot"][arm] = {"folder": folder, "val": val_table(log, REWARD_STEP), **step_stats(log, REWARD_STEP)}
     rec["reward_pick"] = pick_reward(rec["pilot"])
     for name in ("rl0", "rl1", "rl2"):          # the experts (rl0: the pilot's chosen arm, from step 0)
         log = state / name / "log.jsonl"

@@ -104,6 +104,9 @@ def test_a_stack_wider_than_the_rows_keeps_one_state_across_subsets():
     assert hf.__dict__["_chorus_fast_stack"] is st                                 # the same state: no rebuild
     with pytest.raises(ValueError, match="not loaded"):
         fastgen.generate(pm, tok, chats[:1], adapters=["wide"], stack=["nope"], **kw)
+    for bad in ({"stack": every}, {"adapters": ["wide"], "stack": "wide"}):         # no rows' adapters; a bare name
+        with pytest.raises(ValueError, match="stack: a list"):
+            fastgen.generate(pm, tok, chats[:1], **bad, **kw)
 
 
 def test_common_generate_takes_adapters_on_both_paths():

@@ -238,6 +238,17 @@ def test_rl_joint_trains_the_due_experts_in_one_command_and_records_each_stage(t
                      needs=[], also=["rl3"])
     done = json.loads((o / "rl3/done.json").read_text())
     assert done["stage"] == "rl3" and done["script"] == "rl.py" and done["calls"] == 2 and not (o / "rl2/done.json").exists()
+    # a pause (rl_pause_at) is such a stop, logged and said as one
+    mark = f"import json, pathlib; pathlib.Path({str(o / 'rl2' / rundir.DEADLINE_MARKER)!r}).write_text(json.dumps({{'why': 'pause'}}))"
+    with pytest.raises(SystemExit) as e:
+        cm.run_stage(ctx, "rl2", [cm.Cmd(["python", "-c", mark + "; raise SystemExit(1)"])], needs=[])
+    assert e.value.code == 75 and json.loads((o / "rl2" / rundir.CALLS_LOG).read_text().splitlines()[-1])["why"] == "pause"
+    # the experts one command finished: rl_cmd prints that command again (run_stage's comparison), others alone
+    c2 = profiles.apply_overrides(c, ["model=M"])
+    (o / "rl4").mkdir()
+    (o / "rl1/done.json").write_text(json.dumps({"commands": [str(cm.rl_cmd(c2, o, "M", [1, 2]))]}))
+    assert cm.joint_experts(o, 1) == [1, 2] and cm.joint_experts(o, 0) == 0
+    assert str(cm.rl_cmd(c2, o, "M", cm.joint_experts(o, 1))) == json.loads((o / "rl1/done.json").read_text())["commands"][0]
 
 
 def test_only_needs_upstream_stages(tmp_path):

@@ -672,7 +672,8 @@ def test_pause_at_stops_after_that_step_as_a_deadline_does(tmp_path, capsys):
     rl.run(rl.parse_args(base + ["--out", str(tmp_path / "a")]), score_fn=_hash_score, tasks=tasks)
     b = tmp_path / "b"
     assert rl.run(rl.parse_args(base + ["--out", str(b), "--pause-at", "2"]), score_fn=_hash_score, tasks=tasks) == 75
-    assert "--pause-at 2: stopped after step 2, checkpointed" in capsys.readouterr().out
+    assert "--pause-at 2: stopped after step 2, checkpointed; run again with --resume and without --pause-at" \
+        in capsys.readouterr().out
     assert rundir.latest_checkpoint(b / "ckpt").name == "step_000002" and not (b / "done.json").exists()
     assert json.loads((b / rundir.DEADLINE_MARKER).read_text())["step"] == 2
     assert rl.run(rl.parse_args(base + ["--out", str(b), "--pause-at", "2", "--resume"]), score_fn=_hash_score,

@@ -266,3 +266,25 @@ def test_an_expert_that_ends_as_another_meets_the_deadline_is_finished(tmp_path,
     assert not (tmp_path / "d1/done.json").exists() and (tmp_path / "d1" / rundir.DEADLINE_MARKER).is_file()
     assert rundir.latest_checkpoint(tmp_path / "d1/ckpt").name == "step_000002"
     assert all(0 <= r["t_ckpt"] < 60 for r in _log(tmp_path / "d1"))    # seconds, not a clock reading
+
+
+def test_pause_at_stops_each_expert_at_its_own_step(tmp_path):
+    """Experts resumed at different steps: --pause-at 2 stops expert1 (resumed at step 2) at once and lets expert0
+    train from step 0 to its own step 2; both checkpointed there, the markers say pause, the run exits 75."""
+    a0, a1 = _adapter(tmp_path, 1), _adapter(tmp_path, 2)
+    base = BASE + ["--steps", "3", "--save-every", "1"]
+    rl.run(rl.parse_args(base + ["--adapter", a1, "--out", str(tmp_path / "s1")]), score_fn=_score, tasks=TASKS)
+    p0, p1 = tmp_path / "p0", tmp_path / "p1"
+    __import__("shutil").copytree(tmp_path / "s1", p1)
+    for f in ("done.json", "result.json"):
+        (p1 / f).unlink()
+    __import__("shutil").rmtree(p1 / "ckpt" / "step_000003")
+    argv = base + ["--adapter", a0, a1, "--out", str(p0), str(p1), "--pause-at", "2", "--resume"]
+    assert rl.run(rl.parse_args(argv), score_fn=_score, tasks=TASKS) == rundir.EXIT_DEADLINE
+    assert [r["step"] for r in _log(p0)] == [1, 2] and [r["step"] for r in _log(p1)] == [1, 2]
+    for p in (p0, p1):
+        assert rundir.latest_checkpoint(p / "ckpt").name == "step_000002" and not (p / "done.json").exists()
+        assert json.loads((p / rundir.DEADLINE_MARKER).read_text())["why"] == "pause"
+    rl.run(rl.parse_args(base + ["--adapter", a0, a1, "--out", str(p0), str(p1), "--resume"]), score_fn=_score,
+           tasks=TASKS)
+    assert _same(_weights(tmp_path / "s1", 3), _weights(p1, 3)) and (p0 / "done.json").is_file()

@@ -122,6 +122,11 @@ def test_the_record_reads_the_state(tmp_path):
         for mode in ("direct", "agentic")}}}}
     assert rec["sweep_pick"] == "1.3"             # both inside 1.0's interval [0, 50]; 1.3 has less zero spread
     assert rec["experts"] == {"rl0": {**{k: v for k, v in task.items() if k != "folder"}, "done": False}}
+    log = tmp_path / "state/rl0/log.jsonl"                             # the arm goes on as rl0 past the pick's step
+    log.write_text(log.read_text() + json.dumps({"step": 51, "entropy": 5.0}) + "\n")
+    stats = small3_record.step_stats(log, 50)
+    assert stats["steps"] == 3 and stats["entropy_median"] == 0.1 and stats["wall_s"] is None
+    assert small3_record.step_stats(log)["steps"] == 51 and small3_record.step_stats(log)["wall_s"] == 15.5
 
 
 def test_the_reward_rule():
