@@ -5,9 +5,10 @@ jointly alike (checkpoints name the weights "default" whatever the expert's adap
 
 Run: python -m pytest -q tests/test_rl_joint.py
 """
-import copy
+import importlib.util
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,10 @@ from onpolicy import JointGenerate, joint_collect
 from test_rl import AND_TASK, one_thread  # noqa: F401 (an autouse fixture: one torch thread)
 from test_rl import RL_BASE as BASE
 from test_rl import _hash_score as _score
+
+spec = importlib.util.spec_from_file_location("joint_smoke", Path(__file__).resolve().parents[1] / "bench/gpu/joint_smoke.py")
+joint_smoke = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(joint_smoke)
 
 TASKS = [dict(AND_TASK, id=f"and{k}") for k in range(3)]
 
@@ -133,15 +138,9 @@ def test_an_error_reaches_every_policy_and_a_failing_policy_does_not_block_the_o
 # whole runs on the tiny model
 
 def _adapter(tmp_path, seed):
-    """An initial adapter for the tiny model (--model tiny --seed 7), non-zero B so it matters."""
-    model, _ = common.tiny_model(seed=7)
-    torch.manual_seed(seed)
-    m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    return common.save_adapter(m, tmp_path / f"init{seed}")
+    """An initial adapter for the tiny model (--model tiny --seed 7), non-zero B so it matters (the GPU smoke
+    script's own, bench/gpu/joint_smoke.py)."""
+    return joint_smoke.initial_adapter(seed, tmp_path / f"init{seed}")
 
 
 def _weights(out, step):

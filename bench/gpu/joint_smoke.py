@@ -39,6 +39,19 @@ def score(task, c):
     return lambda: s
 
 
+def initial_adapter(seed, folder, model_seed=7):
+    """An initial LoRA adapter (r 4) for the tiny model of `--model tiny --seed model_seed`, with a random non-zero
+    B so that it matters, saved in folder (tests/test_rl_joint.py uses it too)."""
+    model, _ = common.tiny_model(seed=model_seed)
+    torch.manual_seed(seed)
+    m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return common.save_adapter(m, folder)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/joint_smoke.json")
@@ -49,16 +62,9 @@ def main(argv=None):
     tiny = common.tiny_model
     common.tiny_model = lambda seed=0, **k: (lambda mt: (mt[0].to("cuda"), mt[1]))(tiny(seed, **k))
     work = Path(tempfile.mkdtemp(prefix="joint_smoke_"))
-    inits = []
-    for seed in (1, 2):
-        model, _ = tiny(seed=7)
-        torch.manual_seed(seed)
-        m = common.add_lora(copy.deepcopy(model), r=4, alpha=8)
-        with torch.no_grad():
-            for n, p in m.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.05)
-        inits.append(common.save_adapter(m, work / f"init{seed}"))
+    common.tiny_model = tiny                      # the adapters are made on CPU, then loaded onto the GPU's model
+    inits = [initial_adapter(seed, work / f"init{seed}") for seed in (1, 2)]
+    common.tiny_model = lambda seed=0, **k: (lambda mt: (mt[0].to("cuda"), mt[1]))(tiny(seed, **k))
     base = ["--model", "tiny", "--tasks", "unused", "--prompts-per-step", "2", "--group-size", "4",
             "--max-new-tokens", "48", "--lr", "1e-2", "--profile", "paper", "--seed", "7", "--plot-every", "0",
             "--steps", str(a.steps), "--save-every", str(a.steps), "--gen-chunk", "2"]
