@@ -775,9 +775,9 @@ def between_steps(args, step, *, model, tok, optimizer, val_tasks, log, log_path
     """What rl.py and distill.py do before each step (and after the last): validate when due (validate_step),
     checkpoint and plot (rundir.save_and_plot; forced before a deadline stop), then decide whether the run ends.
     Validation runs before the checkpoint, so a checkpoint's log holds its step's val row. Returns (end, t):
-    end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau), "pause" (--pause-at: stopped as at a
-    deadline) or "deadline" ($CHORUS_DEADLINE:
-    checkpointed, resumable); t = perf_counter() before the checkpoint (the step logs the checkpoint's time).
+    end None (go on), "done" (step == --steps), "plateau" (--stop-on-plateau), "deadline" ($CHORUS_DEADLINE:
+    checkpointed, resumable) or "pause" (--pause-at: stopped as at a deadline); t = perf_counter() before the
+    checkpoint (the step logs the checkpoint's time).
     adapter_name: the trainable adapter (rl.py's experts in one process: this expert's, made active by the caller);
     extra_s: seconds the next step takes beyond this run's own (the other experts' validations due then)."""
     last_step = step == args.steps
