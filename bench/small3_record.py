@@ -36,7 +36,7 @@ def val_table(log, upto=None):
 
 def step_stats(log, upto=None):
     """Medians of the training rows from step 2 on (step 1 carries the graph captures), up to step `upto`; the wall
-    time (the calls' sum) only when no step after `upto` shares it."""
+    time: the calls' sum, up to the call that paused at `upto` where later steps follow (None without that pause)."""
     every = [r for r in rows(log) if not r.get("val")]
     later = upto is not None and any(r["step"] > upto for r in every)
     every = [r for r in every if upto is None or r["step"] <= upto]
@@ -47,8 +47,11 @@ def step_stats(log, upto=None):
         if v:
             out[k + "_median"] = round(statistics.median(v), 6)
     calls = rows(Path(log).with_name("calls.jsonl")) if Path(log).with_name("calls.jsonl").is_file() else []
-    out["wall_s"] = None if later else round(sum(c["seconds"] for c in calls), 1)
-    out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] and not later else None
+    if later:       # the calls up to the pause at `upto`; the later ones ran the steps after it
+        paused = next((k for k, c in enumerate(calls) if c.get("why") == "pause"), None)
+        calls = None if paused is None else calls[:paused + 1]
+    out["wall_s"] = None if calls is None else round(sum(c["seconds"] for c in calls), 1)
+    out["wall_s_per_step"] = round(out["wall_s"] / out["steps"], 2) if out["steps"] and calls is not None else None
     return out
 
 

@@ -127,6 +127,10 @@ def test_the_record_reads_the_state(tmp_path):
     stats = small3_record.step_stats(log, 50)
     assert stats["steps"] == 3 and stats["entropy_median"] == 0.1 and stats["wall_s"] is None
     assert small3_record.step_stats(log)["steps"] == 51 and small3_record.step_stats(log)["wall_s"] == 15.5
+    calls = log.with_name("calls.jsonl")                # the call that paused at step 50, then one past it
+    calls.write_text(calls.read_text() + json.dumps({"seconds": 4.5, "why": "pause"}) + "\n"
+                     + json.dumps({"seconds": 9.0, "why": "deadline"}) + "\n")
+    assert small3_record.step_stats(log, 50)["wall_s"] == 20.0 and small3_record.step_stats(log)["wall_s"] == 29.0
 
 
 def test_the_reward_rule():
