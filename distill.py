@@ -435,11 +435,11 @@ def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
 
 
 def make_students(args):
-    """The students of a run: one per --out (onpolicy.Member, adapters student0, student1, ... with --variants'
-    gates; one run: "default"), their folders locked."""
+    """The students of a run, one per --out with its --variants gate (onpolicy.make_members: those to train, those
+    finished)."""
     joint = getattr(args, "joint", None) or {}
     return onpolicy.make_members(args, "student", [{"out": o, **VARIANTS[v][1]} for v, o in
-                                                   zip(joint.get("variants", []), joint.get("outs", []))])
+                                                   zip(joint.get("variants", []), joint.get("outs", []))], "distill.py")
 
 
 def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
@@ -454,11 +454,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     where a teacher's answers to a prompt several students ask are decoded and scored once, and each student gates
     its own groups against them. On the HF path (CPU) each student trains exactly as alone (a test)."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
-    students = make_students(args)
-    if len(students) > 1 and dist.world() > 1:
-        raise SystemExit("distill.py: several students train in one process only (their rollouts share its calls)")
-    finished = [s for s in students if s.done is not None]
-    students = [s for s in students if s.done is None]
+    students, finished = make_students(args)
     if not students:
         return finished[-1].done
     deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
@@ -615,18 +611,14 @@ def train_step(s, model, groups, teacher_rewards, names, args, pad_id, timings):
            **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_adv": t_adv, "t_ckpt": s.t_ckpt,
            "t_train": t2 - t1, "lr": args.lr, "cursor": s.cursor, "micro_tokens": micro,
            **s.micro_memo.pop("probe", {})}
-    s.log.append(row)
-    rundir.append_log(s.log_path, row)
     fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
     chosen = "/".join(str(row[f"teacher_chosen/t{t}"]) for t in range(len(names)))
-    s.write(f"step {s.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
+    s.record(row, f"step {s.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
             f" vs teachers {fmt('teacher_reward_best', '.2f')}) | gate {fmt('gate_pass_rate', '.2f')} "
             f"chosen {chosen} skip {row['skipped_groups']} rl {row['rl_groups']} | log-ratio "
             f"{fmt('opd/log_ratio', '.3f')} b {fmt('opd/b', '.3f')} | clip {fmt('clip_ratio/low', '.3f')}/"
             f"{fmt('clip_ratio/high', '.3f')} | gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s "
             f"sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
-    s.bar.update(1)
-    s.step += 1
 
 
 def finish_student(s, model, tasks, n_trainable, val_tasks):

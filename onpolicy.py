@@ -423,6 +423,14 @@ class Member:
         """What its checkpoints hold besides the weights and the optimizer."""
         return {"user_config": self.config, "cursor": self.cursor, "log": self.log}
 
+    def record(self, row, line):
+        """Its step's log row (log.jsonl) and progress line; advances its step."""
+        self.log.append(row)
+        rundir.append_log(self.log_path, row)
+        self.write(line)
+        self.bar.update(1)
+        self.step += 1
+
     def open_bar(self, desc, position, joint):
         """Its progress bar; in a joint run its lines say whose they are."""
         from tqdm import tqdm
@@ -431,13 +439,17 @@ class Member:
         self.write = (lambda msg: self.bar.write(f"[{self.name}] {msg}")) if joint else self.bar.write
 
 
-def make_members(args, prefix, overrides):
+def make_members(args, prefix, overrides, prog):
     """The runs of one process: with args.joint, one Member per entry of overrides (args updated by it: its --out
     and what else differs), adapters prefix0, prefix1, ...; else one, "default". Their folders are locked
-    (rundir.start_run)."""
+    (rundir.start_run). Returns (those to train, those already finished: done.json)."""
     if not getattr(args, "joint", None):
-        return [Member("default", args)]
-    return [Member(f"{prefix}{k}", argparse.Namespace(**{**vars(args), **o})) for k, o in enumerate(overrides)]
+        members = [Member("default", args)]
+    elif dist.world() > 1:
+        raise SystemExit(f"{prog}: several runs train in one process only (their rollouts share its generate calls)")
+    else:
+        members = [Member(f"{prefix}{k}", argparse.Namespace(**{**vars(args), **o})) for k, o in enumerate(overrides)]
+    return [m for m in members if m.done is None], [m for m in members if m.done is not None]
 
 
 def members_between_steps(live, *, model, tok, val_tasks, deadline, plot_keys, release_fast, finish):

@@ -361,21 +361,17 @@ RANGES = {"steps": rundir.at_least(1), "prompts_per_step": rundir.at_least(1), "
 
 
 def make_experts(args):
-    """The experts of a run: one per --out (onpolicy.Member; their folders locked by rundir.start_run)."""
+    """The experts of a run, one per --out (onpolicy.make_members: those to train, those finished)."""
     joint = getattr(args, "joint", None) or {}
     return make_members(args, "expert", [{"adapter": a, "out": o} for a, o in zip(joint.get("adapters", []),
-                                                                                   joint.get("outs", []))])
+                                                                                   joint.get("outs", []))], "rl.py")
 
 
 def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
-    experts = make_experts(args)
-    if len(experts) > 1 and dist.world() > 1:
-        raise SystemExit("rl.py: several experts train in one process only (their rollouts share its decoder calls)")
-    finished = [e for e in experts if e.done is not None]
-    experts = [e for e in experts if e.done is None]
+    experts, finished = make_experts(args)
     if not experts:
         return finished[-1].done
     deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
@@ -481,16 +477,12 @@ def log_step(e, all_groups, groups, stats, timings, micro, *, t_rollout, t_train
            **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": e.t_ckpt,
            "t_rollout": t_rollout, "t_train": t_train, "lr": args.lr, "cursor": e.cursor,
            "micro_tokens": micro, **e.micro_memo.pop("probe", {})}
-    e.log.append(row)
-    rundir.append_log(e.log_path, row)
     fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
-    e.write(f"step {e.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
+    e.record(row, f"step {e.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
             f"| pass {fmt('pass_rate', '.2f')} cov {fmt('coverage', '.3f')} compile {fmt('compile_rate', '.2f')} "
             f"| zero-std {fmt('frac_reward_zero_std', '.2f')} | clip {fmt('clip_ratio/low', '.3f')}/"
             f"{fmt('clip_ratio/high', '.3f')} | ent {fmt('entropy', '.3f')} | len {fmt('completions/mean_length', '.0f')} "
             f"| gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
-    e.bar.update(1)
-    e.step += 1
 
 
 def finish_expert(e, model, tasks, n_trainable, val_tasks):

@@ -11,7 +11,6 @@ import shutil
 from collections import Counter
 
 import pytest
-import torch
 
 import chorus_mini as cm
 import common
@@ -22,6 +21,7 @@ import rundir
 from helpers import deadline_after
 from test_distill import _args, _hash_score, _two_scripted_steps
 from test_rl import one_thread  # noqa: F401 (an autouse fixture: one torch thread)
+from test_rl_joint import _log, _same, _weights
 
 VARIANTS = ("gated", "nogate", "rlfb")
 TASKS = [{"id": f"t{i}", "rtl_files": [{"name": "a.sv", "content": f"module a{i}(input x); endmodule"}],
@@ -30,18 +30,6 @@ TASKS = [{"id": f"t{i}", "rtl_files": [{"name": "a.sv", "content": f"module a{i}
 REAL = ["--steps", "2", "--prompts-per-step", "1", "--group-size", "1", "--max-new-tokens", "8", "--save-every", "1",
         "--plot-every", "0", "--answer-mode", "testbench"]          # testbench prompts: 1.2k tokens, not 1.8k
 FLAGS = {"gated": [], "nogate": ["--no-gate"], "rlfb": ["--on-fail", "rl"]}      # a solo run's gate flags
-
-
-def _weights(out, step):
-    return torch.load(out / "ckpt" / f"step_{step:06d}" / "optimizer.pt", weights_only=False)["trainable"]
-
-
-def _same(wa, wb):
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-def _log(out):
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
 KEYS = ("reward", "gate_pass_rate", "opd_groups", "rl_groups", "skipped_groups", "teacher_reward_best",
