@@ -35,7 +35,8 @@ Stages:
    val         the three experts on the tuning tasks (picks the OPD student)
    opd         reward-gated multi-teacher OPD (distill.py): student = best expert on val, teachers = others
    opd_nogate  ablation "always distill" (--no-gate), same budget
-   opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget
+   opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget (opd_joint: the due variants in one
+               distill.py process, sharing the teachers' answers; each stage folder gets its record)
    eval        every model (base, sft0-2, rl0-2, merges, opd variants) on the eval tasks; one agentic run
                gives the direct (round 0) and agentic (last round) numbers
    eval_syn    every model on held-out synthetic designs (the validation families, another seed; test_tasks,
