@@ -343,12 +343,12 @@ class JointGenerate:
             return
         names = [n for n in self.names if n in self.waiting]
         batch = {n: self.waiting.pop(n) for n in names}
-        rows, where = self._shared_rows(names, batch)
         self.calls.append((names, [len(batch[n][0]) for n in names]))
-        self.beside.append((sum(map(len, where.values())), len(rows)))
-        more, adapters, seeds = (list(x) for x in zip(*rows)) if rows else ([], [], [])
         own = {}
         try:
+            rows, where = self._shared_rows(names, batch)
+            self.beside.append((sum(map(len, where.values())), len(rows)))
+            more, adapters, seeds = (list(x) for x in zip(*rows)) if rows else ([], [], [])
             if common.fast_path(self.model, self.fast):
                 msgs = [m for n in names for m in batch[n][0]] + more
                 # every policy's adapter stacked, whoever waits: one decoder state and its graphs for all calls;
