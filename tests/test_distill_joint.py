@@ -73,6 +73,8 @@ def runs(experts, tmp_path_factory):
 
 
 def test_each_student_of_a_joint_run_trains_exactly_as_alone(runs):
+    """Real rollouts on the HF path, 2 steps: each student's checkpoints (bit for bit) and log rows equal its solo
+    run's; each folder has its own finished run and a config naming its gate and who trained beside it."""
     root, _ = runs
     for v in VARIANTS:
         solo, joint = root / f"solo_{v}", root / f"joint_{v}"
