@@ -35,7 +35,8 @@ Stages:
    val         the three experts on the tuning tasks (picks the OPD student)
    opd         reward-gated multi-teacher OPD (distill.py): student = best expert on val, teachers = others
    opd_nogate  ablation "always distill" (--no-gate), same budget
-   opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget
+   opd_rlfb    ablation "gate + RL fallback" (--on-fail rl), same budget (opd_joint: the due variants in one
+               distill.py process, sharing the teachers' answers; each stage folder gets its record)
    eval        every model (base, sft0-2, rl0-2, merges, opd variants) on the eval tasks; one agentic run
                gives the direct (round 0) and agentic (last round) numbers
    eval_syn    every model on held-out synthetic designs (the validation families, another seed; test_tasks,
@@ -94,6 +95,7 @@ MERGES = {"soup": ["soup"], "ties": ["ties"],                                  #
           "dare_ties_mean": ["dare_ties", "--dare-norm", "mean"],             # peft's / the DARE code's form
           "della": ["della"]}
 OPD_VARIANTS = {"opd": [], "opd_nogate": ["--no-gate"], "opd_rlfb": ["--on-fail", "rl"]}
+OPD_GATES = {"opd": "gated", "opd_nogate": "nogate", "opd_rlfb": "rlfb"}      # distill.py --variants (opd_joint)
 
 
 # -----------------------------------------------------------------------------
@@ -540,16 +542,22 @@ def rl_cmd(c, o, model, ks):
                   if c["train_val"] else [])])
 
 
-def joint_experts(o, k):
-    """The experts whose one rl.py command finished stage rl{k} (its done.json's command names their --out folders),
-    or k alone: what rl_cmd must be given to print that command again."""
-    done = rundir.read_done(o / f"rl{k}") or {}
+def joint_stages(o, name, names):
+    """The stages of `names` whose one command finished stage `name` (its done.json's command names their --out
+    folders, in that order), or name alone: what rl_cmd / opd_cmd must be given to print that command again."""
+    done = rundir.read_done(o / name) or {}
     argv = shlex.split((done.get("commands") or [""])[0])
     if "--out" not in argv:
-        return k
+        return name
     outs = list(itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--out") + 1:]))
-    ks = [j for j in range(3) for out in outs if out == str(rel(o / f"rl{j}"))]
-    return ks if len(ks) > 1 and k in ks else k
+    got = [n for out in outs for n in names if out == str(rel(o / n))]
+    return got if len(got) > 1 and name in got else name
+
+
+def joint_experts(o, k):
+    """joint_stages of stage rl{k}, as expert numbers (k alone, or a list of them)."""
+    got = joint_stages(o, f"rl{k}", [f"rl{j}" for j in range(3)])
+    return [int(n[2:]) for n in got] if isinstance(got, list) else k
 
 
 def merge_cmd(c, o, name, lam=None, out=None):
@@ -631,14 +639,18 @@ def rl_prompts_used(c):
 
 
 def opd_cmd(c, o, model, variant):
+    """distill.py for one OPD stage (its gate flags), or for the stages in a list in one process (opd_joint:
+    --variants)."""
     experts = [rel(o / f"rl{k}/adapter") for k in range(3)]
     metrics = [rel(o / f"val/rl{k}/metrics.json") for k in range(3)]
+    several = isinstance(variant, list)
     return Cmd([*launch(c, "distill.py"), "--student", "best", "--teachers", *experts, "--val-metrics", *metrics,
-                "--tasks", rel(rl_tasks(c, o)), "--out", rel(o / variant),
+                "--tasks", rel(rl_tasks(c, o)), "--out", *[rel(o / v) for v in (variant if several else [variant])],
                 *opts(model=model, quant=c["quant"], steps=c["opd_steps"], prompts_per_step=c["opd_prompts"],
                       group_size=c["opd_group"], rounds=c["rl_rounds"], teacher_samples=c["opd_teacher_samples"],
                       cursor_start=rl_prompts_used(c)),          # continue on prompts RL has not used
-                *OPD_VARIANTS[variant], *common_train_opts(c, o), *reward_opts(c, o)])
+                *(["--variants", *[OPD_GATES[v] for v in variant]] if several else OPD_VARIANTS[variant]),
+                *common_train_opts(c, o), *reward_opts(c, o)])
 
 
 def model_adapters(o, c=None):
@@ -734,8 +746,12 @@ def cmd_run(args):
     val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
     run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",
                                     c["val_n"], c["val_rounds"]) for k in range(3)])
-    for variant in OPD_VARIANTS:
-        run_stage(ctx, variant, [opd_cmd(c, o, model, variant)])
+    joint = c["opd_joint"] and c["gpus"] <= 1
+    due = [v for v in OPD_VARIANTS if (not ctx.only or v in ctx.only) and not (o / v / "done.json").exists()]
+    if joint and len(due) > 1:      # one process trains the due variants; each stage folder gets its record
+        run_stage(ctx, due[0], [opd_cmd(c, o, model, due)], needs=["val"], also=due[1:])
+    for variant in OPD_VARIANTS:    # a stage a joint command finished is compared with that command: no note
+        run_stage(ctx, variant, [opd_cmd(c, o, model, joint_stages(o, variant, list(OPD_VARIANTS)))])
     needs = sorted({MODEL_STAGE[m] for m in wanted})
     base = baselines(c)         # weightless: evaluated beside the models, and in every comparison
     run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o, c)[m], eval_tasks, o / "eval" / m, c["eval_n"],

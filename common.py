@@ -986,7 +986,7 @@ def adapter_seed(seed, name):
 
 
 def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0,
-             batch_size=64, fast=None, adapters=None, stack=None):
+             batch_size=64, fast=None, adapters=None, stack=None, seeds=None):
     """Sample one completion per chat in messages_list (repeat a chat for n samples) with the model's
     active adapter. Chats are rendered with add_generation_prompt=True and left padded in batches.
     Each sequence stops at EOS or at the closing ``` of its code block. Deterministic given seed.
@@ -999,7 +999,10 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     one call (fastgen's stack rule: a decode step of a small batch costs about the same for more rows); HF
     generate runs one call per adapter, each with its own seed (adapter_seed; the active adapter's rows keep
     `seed`, as in a call without adapters). stack: more adapter names the fast path stacks beside the rows' (its
-    stacked state, and graphs, stay across calls naming different subsets; fastgen.generate)."""
+    stacked state, and graphs, stay across calls naming different subsets; fastgen.generate).
+    seeds: with adapters, one seed or None per chat: on the HF path the rows of one (adapter, seed) pair are a call of
+    their own with that seed (None: the rule above), so their samples do not depend on the other rows of the call
+    (distill.py's teachers answer a prompt alike for every student); the fast path keeps its one call and seed."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
@@ -1008,6 +1011,8 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     if adapters is not None:
         if len(adapters) != len(messages_list):
             raise ValueError(f"adapters: {len(adapters)} names for {len(messages_list)} chats (one per chat)")
+        if seeds is not None and len(seeds) != len(adapters):
+            raise ValueError(f"seeds: {len(seeds)} for {len(adapters)} chats (one per chat)")
         missing = sorted(set(adapters) - set(getattr(model, "peft_config", {})))
         if missing:
             raise ValueError(f"adapters: not loaded on the model: {', '.join(missing)}")
@@ -1026,10 +1031,11 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
         if adapters is None:
             return _generate_hf(model, tok, prompts, **kwargs)
         out, active = [None] * len(prompts), getattr(model, "active_adapter", None)
-        for name in dict.fromkeys(adapters):
-            rows = [i for i, a in enumerate(adapters) if a == name]
+        keys = list(zip(adapters, seeds or [None] * len(adapters)))
+        for name, own in dict.fromkeys(keys):
+            rows = [i for i, key in enumerate(keys) if key == (name, own)]
             with use_adapter(model, name):
-                call_seed = seed if name == active else adapter_seed(seed, name)
+                call_seed = own if own is not None else seed if name == active else adapter_seed(seed, name)
                 done = _generate_hf(model, tok, [prompts[i] for i in rows], **{**kwargs, "seed": call_seed})
                 for i, c in zip(rows, done):
                     out[i] = c

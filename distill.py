@@ -2,6 +2,7 @@
 
     python distill.py --model M --student best --val-metrics s0.json s1.json s2.json \
         --teachers runs/rl0/adapter runs/rl1/adapter runs/rl2/adapter --tasks TASKS.jsonl --out runs/opd
+    python distill.py ... --out runs/opd runs/opd_nogate runs/opd_rlfb --variants gated nogate rlfb   # one process
 
 One base model carries every adapter (peft, switched with set_adapter): the trainable "student"
 and K frozen "teacher<i>" adapters. Per step:
@@ -27,6 +28,17 @@ Validation (--val-tasks, off by default) works as in rl.py (onpolicy.validate_st
 answers at step 0, every --val-every steps and the last step, log rows with "val": 1, OUT/best/adapter,
 --stop-on-plateau.
 
+Several students in one process (--out takes one folder per student, --variants one gate each: gated, nogate =
+--no-gate, rlfb = --on-fail rl): the students of the OPD ablation share the start, teachers, prompts and budget, so
+they are one run each (folder, checkpoints, log, optimizer, cursor; adapters student0..2) whose rollouts meet in
+shared generate calls (onpolicy.JointGenerate, as rl.py's experts). A teacher's answers to a prompt that several
+students ask in the same call (every prompt of round 1, and of round 2 where their states agree) are decoded and
+scored once and shared; each student gates its own groups against them. The teachers' answers to a prompt carry
+their own seed (make_joint_teachers), so on the HF path (CPU) each student trains exactly as alone (a test); on the
+fast path the rows' places in the shared call set their noise, so only the first student's own rows sample as alone.
+Checkpoints name the weights "default", so a student resumes alone or jointly alike. chorus_mini's opd_joint (on in
+small3) runs the due variants as one command.
+
 Deviations from the paper: LoRA adapters on one (possibly 4-bit) base instead of full weights;
 teachers are adapters sampled in-process instead of SGLang servers; the Icarus scorer instead of
 xrun/IMC; run length and batch are flags (defaults: the authors' final OPD script where known).
@@ -34,13 +46,13 @@ xrun/IMC; run length and batch are flags (defaults: the authors' final OPD scrip
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 import common
 import dist
@@ -163,31 +175,51 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
     return teacher_source
 
 
-def make_joint_teachers(score_fn, teachers, *, num_samples, group_size):
+def make_joint_teachers(score_fn, teachers, *, num_samples, group_size, scores=None):
     """The teachers sampled inside the student's own generate calls (one process): each of the student's rollout
     calls (onpolicy.make_model_source's `extra`) adds num_samples rows per teacher for each of its prompts, after
     the student's rows, so one decoder call serves the student and every teacher (one per round when --gen-chunk
     covers the step's prompts), and the student's rows keep their place and seed (their samples are those of a
     call without the teachers: exactly on the HF path and in fp32; in bf16 the stacked LoRA rounds differently).
+    A teacher's answers to one prompt carry a seed of their own, from the call's seed, the teacher, the prompt and
+    its place in the call: on the HF path they are a generate call of their own with it, so they depend on nothing
+    else in the call, and students of one process that ask a teacher the same prompt in the same call get the same
+    answers, decoded once (onpolicy.JointGenerate).
     Returns (extra, teacher_source): teacher_source scores the stashed answers to each group's prompt, with
     make_teacher_source's return shape. A prompt asked twice in a step (two groups of one task across an epoch's
-    end) keeps both sets of answers, one per group, in order."""
+    end) keeps both sets of answers, one per group, in order. scores: a dict the students of one process share,
+    so an answer they share is scored once (the caller empties it after each step)."""
     stash = {}
     key = lambda messages: json.dumps(messages, sort_keys=True)          # noqa: E731
 
-    def extra(messages_list):
+    def extra(messages_list, call_seed):
         if len(messages_list) % group_size:
             raise ValueError(f"joint teachers: {len(messages_list)} rows are not prompts x {group_size} samples")
         prompts = messages_list[::group_size]        # the rollouts repeat each prompt group_size times in a row
         more = [m for _ in teachers for m in prompts for _ in range(num_samples)]
         names = [name for name in teachers for _ in prompts for _ in range(num_samples)]
+        seeds = [onpolicy.derive_seed(call_seed, "teacher", name, j, key(m))
+                 for name in teachers for j, m in enumerate(prompts) for _ in range(num_samples)]
         n = len(prompts) * num_samples
 
         def take(completions):
             for j, m in enumerate(prompts):
                 stash.setdefault(key(m), []).append(
                     [completions[i * n + j * num_samples:i * n + (j + 1) * num_samples] for i in range(len(teachers))])
-        return more, names, take
+        return more, names, seeds, take
+
+    def score(task, c):
+        if scores is None:
+            return score_fn(task, c)
+        if id(c) not in scores:                      # the answer object itself is kept, so its id stays its own
+            wait, got = score_fn(task, c), []
+
+            def once():
+                if not got:
+                    got.append(wait())
+                return got[0]
+            scores[id(c)] = (c, once)
+        return scores[id(c)][1]
 
     def teacher_source(model, tok, groups, group_tasks, names, *, step):
         if list(names) != list(teachers):
@@ -196,7 +228,7 @@ def make_joint_teachers(score_fn, teachers, *, num_samples, group_size):
         if missing:
             raise RuntimeError(f"joint teachers: no teacher answers for the prompts of {missing[:3]} "
                                "(the rollouts ran without make_joint_teachers' extra rows)")
-        waits = [[[score_fn(task, c) for c in answers] for answers in stash[key(g.samples[0].messages)].pop(0)]
+        waits = [[[score(task, c) for c in answers] for answers in stash[key(g.samples[0].messages)].pop(0)]
                  for g, task in zip(groups, group_tasks)]
         t0 = time.perf_counter()
         rewards = [[[w().reward for w in ws] for ws in per_teacher] for per_teacher in waits]
@@ -276,16 +308,17 @@ def teacher_name(i):
     return f"teacher{i}"
 
 
-def build_models(args, student, teachers):
-    """One base model with the student as the trainable "default" adapter (onpolicy.build_policy) and
-    each teacher as a frozen adapter "teacher<i>"; the student is left active."""
+def build_models(args, student, teachers, students=None):
+    """One base model with the student as the trainable "default" adapter (onpolicy.build_policy), or one trainable
+    copy of it per name in students (several students in one process), and each teacher as a frozen adapter
+    "teacher<i>"; the (first) student is left active."""
     policy_args = argparse.Namespace(model=args.model, quant=args.quant, seed=args.seed, adapter=student,
                                      lora_r=None, lora_alpha=None, kl_beta=0.0,
                                      gradient_checkpointing=args.gradient_checkpointing)
-    model, tok, _ = onpolicy.build_policy(policy_args)
+    model, tok, _ = onpolicy.build_policy(policy_args, adapters={n: student for n in students} if students else None)
     for i, path in enumerate(teachers):
         common.load_adapter(model, path, adapter_name=teacher_name(i), trainable=False)
-    model.set_adapter("default")          # active and trainable again; the teachers stay frozen
+    model.set_adapter(students[0] if students else "default")   # active and trainable again; the teachers frozen
     onpolicy.disable_dropout(model)             # the teachers' LoRA dropout too
     return model, tok
 
@@ -319,7 +352,9 @@ def parse_args(argv=None):
     p.add_argument("--teachers", nargs="+", required=True, help="expert adapters (the student is dropped from them)")
     p.add_argument("--val-metrics", nargs="+", default=None, help="evaluate.py metrics.json per --teachers entry, for --student best")
     p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks)")
-    p.add_argument("--out", required=True, help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json")
+    p.add_argument("--out", nargs="+", required=True, metavar="FOLDER",
+                   help="output folder: ckpt/, log.jsonl, curves.png, adapter/, done.json; several (one --variants "
+                        "entry each): one student each, trained in one process")
     # Horizon and batch
     p.add_argument("--steps", type=int, default=100, help="optimizer updates (paper: 100, unverified)")
     p.add_argument("--prompts-per-step", type=int, default=4, help="prompts per step (authors' final script: 4)")
@@ -334,6 +369,12 @@ def parse_args(argv=None):
     p.add_argument("--eps", type=float, default=0.0, help="gate margin: distill iff teacher > student + eps (paper: 0)")
     p.add_argument("--no-gate", action="store_true", help="always distill from t* (the 'always distill' ablation)")
     p.add_argument("--on-fail", default="skip", choices=ON_FAIL, help="closed gate: no gradient (paper) or a GRPO update")
+    p.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS), metavar="VARIANT",
+                   help="each --out's student's gate, in order: " + "; ".join(f"{k} = {v[0]}" for k, v in
+                                                                             VARIANTS.items())
+                   + " (instead of --no-gate / --on-fail; --gate-stat and --eps hold for all). The students share "
+                     "the student start, teachers, prompts and budget, and the teachers' answers to a prompt they "
+                     "share are decoded once")
     p.add_argument("--topk", type=int, default=16, help="student top-K support of the control variate b_t (paper: 16)")
     p.add_argument("--lam", type=float, default=1.0, help="lambda, the OPD advantage scale (paper: 1.0)")
     p.add_argument("--lr", type=float, default=None, help="constant LR (None: the student's RL run's LR, else 2e-5)")
@@ -347,8 +388,27 @@ def parse_args(argv=None):
                    help="first position in the seeded task order: OPD continues on prompts RL has not used "
                         "(the authors' --dataset-step-offset; the pipeline passes RL steps x prompts per step)")
     args = p.parse_args(argv)
+    outs, variants = args.out, args.variants
+    if variants is not None or len(outs) > 1:
+        if variants is None or len(variants) != len(outs):
+            p.error(f"several students need one --variants entry per --out (got {len(variants or [])} and {len(outs)})")
+        if args.no_gate or args.on_fail != "skip":
+            p.error("--variants sets each student's gate: leave out --no-gate and --on-fail")
+        if len({os.path.realpath(o) for o in outs}) != len(outs):
+            p.error("each student needs its own --out folder")
+        if len(outs) > 1:                 # in each student's config: who trained beside it
+            args.joint = {"variants": variants, "outs": outs}
+        else:
+            vars(args).update(VARIANTS[variants[0]][1])
+    args.out = outs[0]
     rundir.check_options("distill.py", args, {**onpolicy.SHARED_RANGES, **RANGES})
     return args
+
+
+# --variants: a student's gate flags (chorus_mini's opd, opd_nogate and opd_rlfb stages)
+VARIANTS = {"gated": ("the gate, closed groups skipped (the paper)", {"no_gate": False, "on_fail": "skip"}),
+            "nogate": ("always distill (--no-gate)", {"no_gate": True, "on_fail": "skip"}),
+            "rlfb": ("the gate, GRPO on closed groups (--on-fail rl)", {"no_gate": False, "on_fail": "rl"})}
 
 
 # Checked before any work, as rl.py's: `--steps 0` would hand on the untrained student as a finished run
@@ -374,17 +434,29 @@ def step_metrics(groups, decisions, modes, teacher_rewards, n_teachers):
     return m
 
 
+def make_students(args):
+    """The students of a run, one per --out with its --variants gate (onpolicy.make_members: those to train, those
+    finished)."""
+    joint = getattr(args, "joint", None) or {}
+    return onpolicy.make_members(args, "student", [{"out": o, **VARIANTS[v][1]} for v, o in
+                                                   zip(joint.get("variants", []), joint.get("outs", []))], "distill.py")
+
+
 def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     """Train. source (onpolicy.make_model_source's rollout source: (model, tok, tasks, *, step, first_index) -> (groups,
     timings)) and teacher_source (see make_teacher_source) replace the model+simulator defaults
     (tests pass scripted ones); score_fn replaces only the scorer of both.
     Several processes (dist.py): each rank rolls out its block of the prompts, its block of the groups'
     teacher rollouts and its block of the distillation advantages; every rank gets all of them back and
-    train_on_batch sums the gradients, so the update is the one of one process on the same batch."""
+    train_on_batch sums the gradients, so the update is the one of one process on the same batch.
+    Several students (--out X Y Z --variants ...; one process): each is a run of its own (folder, checkpoints, log,
+    optimizer, cursor) under its adapter; their rollouts meet in shared generate calls (onpolicy.JointGenerate)
+    where a teacher's answers to a prompt several students ask are decoded and scored once, and each student gates
+    its own groups against them. On the HF path (CPU) each student trains exactly as alone (a test)."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
-    out, ckpt_dir, log_path, done = rundir.start_run(args)
-    if done is not None:
-        return done
+    students, finished = make_students(args)
+    if not students:
+        return finished[-1].done
     deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
     student, teachers = choose_experts(args.student, args.teachers, args.val_metrics)
     if args.lr is None:
@@ -392,150 +464,180 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
         print(f"Inherited lr {args.lr} from the student's RL run" if args.lr is not None
               else "lr: 2e-05 (default; the student's RL run has no result.json)")
         args.lr = 2e-5 if args.lr is None else args.lr
-    user_config = dict(vars(args), student=student, teachers=teachers)
-    print("distill.py config: " + json.dumps(user_config))
+    for s in students:
+        s.args.lr = args.lr
+        s.config = dict(vars(s.args), student=student, teachers=teachers)
+    print("distill.py config: " + json.dumps(students[0].config))
     if tasks is None:
         tasks = sim.load_tasks(args.tasks)
         if not tasks:
             raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
     val_tasks = onpolicy.load_val_tasks(args)          # None: no validation
-    model, tok = build_models(args, student, teachers)
+    joint = len(students) > 1 or getattr(args, "joint", None)
+    model, tok = build_models(args, student, teachers, [s.name for s in students] if joint else None)
     tasks = onpolicy.filter_long_prompts(tasks, tok, model, args)   # as rl.py: prompts that fit both rounds
     names = [teacher_name(i) for i in range(len(teachers))]
-    optimizer = onpolicy.make_optimizer(model, args.lr)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    print(f"tasks {len(tasks)}, trainable params {n_trainable:,}, teachers {len(teachers)}: "
-          + ", ".join(f"t{i}={t}" for i, t in enumerate(teachers))
-          + f" | gate {'off' if args.no_gate else f'{args.gate_stat} + eps {args.eps}'}, on fail {args.on_fail}")
-
-    step, cursor, log, resumed_step = rundir.resume_state(args, ckpt_dir, log_path, model, optimizer,
-                                                          cursor=args.cursor_start)
+    for s in students:
+        model.set_adapter(s.name)                     # its weights alone are trainable: its optimizer holds them
+        s.optimizer = onpolicy.make_optimizer(model, args.lr)
+        s.step, s.cursor, s.log, s.resumed_step = rundir.resume_state(
+            s.args, s.ckpt_dir, s.log_path, model, s.optimizer, cursor=args.cursor_start, adapter_name=s.name)
+        onpolicy.check_best(s.out, s.log)
+    model.set_adapter(students[0].name)
     dist.broadcast_params(p for p in model.parameters() if p.requires_grad)
-    onpolicy.check_best(out, log)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)      # one student's
+    print(f"tasks {len(tasks)}, trainable params {n_trainable:,}" + (f" per student, {len(students)} students"
+                                                                     if joint else "")
+          + f", teachers {len(teachers)}: " + ", ".join(f"t{i}={t}" for i, t in enumerate(teachers))
+          + " | " + ", ".join(f"{s.name}: gate {'off' if s.args.no_gate else f'{args.gate_stat} + eps {args.eps}'}, "
+                              f"on fail {s.args.on_fail}" for s in students))
 
-    pool = None
-    if source is None or teacher_source is None:
-        if score_fn is None:
-            pool, score_fn = onpolicy.make_scorer(args, tasks)
-        gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
-                   gen_batch_size=args.gen_batch_size)
-        extra = None
+    pool, scores = None, {}               # scores: the teachers' answers the students share, scored once a step
+    sampler = onpolicy.JointGenerate(model, tok, [s.name for s in students]) if len(students) > 1 else None
+    if (source is None or teacher_source is None) and score_fn is None:
+        pool, score_fn = onpolicy.make_scorer(args, tasks)
+    gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
+               gen_batch_size=args.gen_batch_size)
+    for s in students:
+        s.joint, extra, s.teacher_source = sampler, None, teacher_source
         if source is None and teacher_source is None and dist.world() == 1:   # teachers in the student's calls
-            extra, teacher_source = make_joint_teachers(score_fn, names, num_samples=args.teacher_samples,
-                                                        group_size=args.group_size)
-        source = source or onpolicy.make_model_source(score_fn, num_generations=args.group_size, rounds=args.rounds,
-                                                chunk_size=args.gen_chunk, **gen,
-                                                answer_mode=getattr(args, "answer_mode", "testbench"), extra=extra)
-        teacher_source = teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
+            extra, s.teacher_source = make_joint_teachers(score_fn, names, num_samples=args.teacher_samples,
+                                                          group_size=args.group_size, scores=scores)
+        s.source = source or onpolicy.make_model_source(
+            score_fn, num_generations=args.group_size, rounds=args.rounds, chunk_size=args.gen_chunk, **gen,
+            answer_mode=getattr(args, "answer_mode", "testbench"), extra=extra,
+            gen=sampler.member(s.name) if sampler else None)
+        s.teacher_source = s.teacher_source or make_teacher_source(score_fn, num_samples=args.teacher_samples, **gen)
     release_fast = onpolicy.release_fast_default(args.release_fast)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    micro_memo = {}            # --max-tokens-per-micro auto: the probe's bytes per token (onpolicy.micro_tokens)
-    bar = tqdm(total=args.steps, initial=step, desc="distill", dynamic_ncols=True, disable=not dist.is_main())
-    stopped, deadline_hit = False, False
+    for k, s in enumerate(students):
+        s.open_bar("distill", k, joint)
+    live, paused, deadline_hit = list(students), [], False
     try:
-        while True:
-            end, t_ckpt = onpolicy.between_steps(
-                args, step, model=model, tok=tok, optimizer=optimizer, val_tasks=val_tasks, log=log, log_path=log_path,
-                out=out, ckpt_dir=ckpt_dir, resumed_step=resumed_step, deadline=deadline,
-                state={"user_config": user_config, "cursor": cursor, "log": log}, plot_keys=PLOT_KEYS,
-                release_fast=release_fast, write=bar.write)
-            stopped, deadline_hit = end == "plateau", end in ("deadline", "pause")
-            if end:
+        while live:
+            left, deadline_hit = onpolicy.members_between_steps(
+                live, model=model, tok=tok, val_tasks=val_tasks, deadline=deadline, plot_keys=PLOT_KEYS,
+                release_fast=release_fast, finish=lambda s: finish_student(s, model, tasks, n_trainable, val_tasks))
+            paused += [s for s in left if s.end == "pause"]
+            finished += [s for s in left if s.end != "pause"]
+            if deadline_hit or not live:
                 break
-            # ---------------------------------------------------------------- rollouts and the gate
+            # ---------------------------------------------------------------- every live student's rollouts
             t0 = time.perf_counter()
-            t_ckpt = t0 - t_ckpt                # the checkpoint / plot written before this step
-            groups, _, cursor, timings = onpolicy.collect_groups(
-                source, model, tok, tasks, step=step, cursor=cursor, prompts_per_step=args.prompts_per_step,
-                rounds=args.rounds, seed=args.seed)
-            group_tasks = [tasks[onpolicy.task_order(g.index, len(tasks), args.seed)] for g in groups]
-            lo, hi = dist.shard_range(len(groups))          # this rank's block of the groups
-            mine = (teacher_source(model, tok, groups[lo:hi], group_tasks[lo:hi], names, step=step)
-                    if hi > lo or dist.world() == 1 else ([], {}))
-            parts = dist.gather(mine)
-            teacher_rewards = [r for rs, _ in parts for r in rs]
-            t_timings = {k: max(t.get(k, 0.0) for _, t in parts) for k in ("t_gen", "t_sim")}
+            batches = onpolicy.joint_collect(live, lambda s: onpolicy.collect_groups(
+                s.source, model, tok, tasks, step=s.step, cursor=s.cursor, prompts_per_step=args.prompts_per_step,
+                rounds=args.rounds, seed=args.seed))
+            t_collect = time.perf_counter() - t0
+            teacher_parts = [teacher_answers(s, model, tok, tasks, groups, names)
+                             for s, (groups, _, _, _) in zip(live, batches)]
+            scores.clear()
             if release_fast:         # the training phase gets the decoder's packed weights and KV cache back
                 common.free_fast_cache(model)
-            decisions = [gate(g.rewards, tr, args.eps, args.gate_stat, always=args.no_gate)
-                         for g, tr in zip(groups, teacher_rewards)]
-            modes = [group_mode(d, args.on_fail) for d in decisions]
-            t1 = time.perf_counter()
-            # ---------------------------------------------------------------- advantages and one update
-            rows, advantages, labels = [], [], []
-            for g, mode in zip(groups, modes):       # closed gate with --on-fail rl: GRPO on the task reward
-                if mode == "rl":
-                    rows += g.samples
-                    advantages += compute_advantages(g.rewards, len(g.samples)).tolist()
-                    labels += ["rl"] * len(g.samples)
-            every = [s for g, mode in zip(groups, modes) if mode in ("rl", "opd") for s in g.samples]
-            micro = onpolicy.micro_tokens(model, every, args.max_tokens_per_micro, micro_memo) if every else None
-            kl = {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
-            for t, name in enumerate(names):         # open gate: task reward dropped, distill toward t*
-                opd_rows = [s for g, d, mode in zip(groups, decisions, modes)
-                            if mode == "opd" and d.teacher == t for s in g.samples]
-                if opd_rows:
-                    lo, hi = dist.shard_range(len(opd_rows))    # this rank's block; all ranks get every row's
-                    adv, sums = distill_advantages(model, opd_rows[lo:hi], name, temperature=args.temperature,
-                                                   topk=args.topk, lam=args.lam, pad_token_id=pad_id,
-                                                   max_tokens_per_micro=micro)
-                    adv, sums = dist.gather_lists(adv), dist.all_sum(sums)
-                    rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
-                    kl = {k: kl[k] + sums[k] for k in kl}
-            t_adv = time.perf_counter() - t1    # teacher log-probs on the student's samples (the OPD advantages)
-            torch.manual_seed(onpolicy.derive_seed(args.seed, "train", step))
-            if rows:   # RL and OPD tokens are token-averaged separately, then summed (norm_groups)
-                stats = train_on_batch(model, optimizer, rows, advantages, temperature=args.temperature,
-                                          epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
-                                          max_grad_norm=args.max_grad_norm, norm_groups=labels,
-                                          max_tokens_per_micro=micro, pad_token_id=pad_id)
-            else:      # every group skipped: no gradient and no optimizer step
-                stats = {"grad_norm": 0.0}
-            t2 = time.perf_counter()
-            # ---------------------------------------------------------------- logging
-            row = {"step": step + 1, **onpolicy.rollout_metrics(groups),
-                   **step_metrics(groups, decisions, modes, teacher_rewards, len(names)),
-                   **({f"opd/{k}": kl[k] / kl["tokens"] for k in ("log_ratio", "b", "advantage")} if kl["tokens"] else {}),
-                   **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
-                   "t_gen": timings["t_gen"] + t_timings["t_gen"], "t_sim": timings["t_sim"] + t_timings["t_sim"],
-                   **{k: v for k, v in timings.items() if k.startswith("t_") and k not in ("t_gen", "t_sim")},
-                   "t_teacher_gen": t_timings["t_gen"], "t_teacher_sim": t_timings["t_sim"], "t_adv": t_adv,
-                   "t_ckpt": t_ckpt, "t_rollout": t1 - t0, "t_train": t2 - t1, "lr": args.lr, "cursor": cursor,
-                   "micro_tokens": micro, **micro_memo.pop("probe", {})}
-            log.append(row)
-            rundir.append_log(log_path, row)
-            fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
-            chosen = "/".join(str(row[f"teacher_chosen/t{t}"]) for t in range(len(names)))
-            bar.write(f"step {step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
-                      f" vs teachers {fmt('teacher_reward_best', '.2f')}) | gate {fmt('gate_pass_rate', '.2f')} "
-                      f"chosen {chosen} skip {row['skipped_groups']} rl {row['rl_groups']} | log-ratio "
-                      f"{fmt('opd/log_ratio', '.3f')} b {fmt('opd/b', '.3f')} | clip {fmt('clip_ratio/low', '.3f')}/"
-                      f"{fmt('clip_ratio/high', '.3f')} | gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s "
-                      f"sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
-            bar.update(1)
-            step += 1
+            for s, (groups, _, cursor, timings), (teacher_rewards, t_timings, t_teacher) in zip(live, batches,
+                                                                                                teacher_parts):
+                model.set_adapter(s.name)
+                s.cursor = cursor
+                train_step(s, model, groups, teacher_rewards, names, args, pad_id,
+                           {**timings, "t_gen": timings["t_gen"] + t_timings["t_gen"],
+                            "t_sim": timings["t_sim"] + t_timings["t_sim"], "t_teacher_gen": t_timings["t_gen"],
+                            "t_teacher_sim": t_timings["t_sim"], "t_rollout": t_collect + t_teacher})
             deadline.tick()
     finally:
-        bar.close()
+        for s in students:
+            if s.bar is not None:
+                s.bar.close()
         if pool is not None:
             pool.close()
-    if deadline_hit:                      # unfinished: no adapter/, result.json or done.json; --resume continues
+    if deadline_hit or paused:            # unfinished: no adapter/, result.json or done.json; --resume continues
         dist.barrier()                    # no rank exits before rank 0 has written (a launcher would kill it)
         return rundir.EXIT_DEADLINE
+    return finished[-1].done
 
-    train_log = [r for r in log if not r.get("val")]         # the training rows (val rows: validate_step)
+
+def teacher_answers(s, model, tok, tasks, groups, names):
+    """The teachers' rewards on student s's groups (rank blocks gathered) -> (rewards, their t_gen / t_sim, seconds)."""
+    t0 = time.perf_counter()
+    group_tasks = [tasks[onpolicy.task_order(g.index, len(tasks), s.args.seed)] for g in groups]
+    lo, hi = dist.shard_range(len(groups))          # this rank's block of the groups
+    mine = (s.teacher_source(model, tok, groups[lo:hi], group_tasks[lo:hi], names, step=s.step)
+            if hi > lo or dist.world() == 1 else ([], {}))
+    parts = dist.gather(mine)
+    t_timings = {k: max(t.get(k, 0.0) for _, t in parts) for k in ("t_gen", "t_sim")}
+    return [r for rs, _ in parts for r in rs], t_timings, time.perf_counter() - t0
+
+
+def train_step(s, model, groups, teacher_rewards, names, args, pad_id, timings):
+    """Student s's gate, advantages, update and log row of one step (its adapter active); advances its step."""
+    t1 = time.perf_counter()
+    decisions = [gate(g.rewards, tr, args.eps, args.gate_stat, always=s.args.no_gate)
+                 for g, tr in zip(groups, teacher_rewards)]
+    modes = [group_mode(d, s.args.on_fail) for d in decisions]
+    # ---------------------------------------------------------------- advantages and one update
+    rows, advantages, labels = [], [], []
+    for g, mode in zip(groups, modes):       # closed gate with --on-fail rl: GRPO on the task reward
+        if mode == "rl":
+            rows += g.samples
+            advantages += compute_advantages(g.rewards, len(g.samples)).tolist()
+            labels += ["rl"] * len(g.samples)
+    every = [x for g, mode in zip(groups, modes) if mode in ("rl", "opd") for x in g.samples]
+    micro = onpolicy.micro_tokens(model, every, args.max_tokens_per_micro, s.micro_memo) if every else None
+    kl = {"log_ratio": 0.0, "b": 0.0, "advantage": 0.0, "tokens": 0}
+    for t, name in enumerate(names):         # open gate: task reward dropped, distill toward t*
+        opd_rows = [x for g, d, mode in zip(groups, decisions, modes) if mode == "opd" and d.teacher == t
+                    for x in g.samples]
+        if opd_rows:
+            lo, hi = dist.shard_range(len(opd_rows))    # this rank's block; all ranks get every row's
+            adv, sums = distill_advantages(model, opd_rows[lo:hi], name, temperature=args.temperature,
+                                           topk=args.topk, lam=args.lam, pad_token_id=pad_id,
+                                           max_tokens_per_micro=micro)
+            adv, sums = dist.gather_lists(adv), dist.all_sum(sums)
+            rows, advantages, labels = rows + opd_rows, advantages + adv, labels + ["opd"] * len(opd_rows)
+            kl = {k: kl[k] + sums[k] for k in kl}
+    t_adv = time.perf_counter() - t1    # teacher log-probs on the student's samples (the OPD advantages)
+    torch.manual_seed(onpolicy.derive_seed(args.seed, "train", s.step))
+    if rows:   # RL and OPD tokens are token-averaged separately, then summed (norm_groups)
+        stats = train_on_batch(model, s.optimizer, rows, advantages, temperature=args.temperature,
+                               epsilon_low=args.epsilon_low, epsilon_high=args.epsilon_high,
+                               max_grad_norm=args.max_grad_norm, norm_groups=labels,
+                               max_tokens_per_micro=micro, pad_token_id=pad_id)
+    else:      # every group skipped: no gradient and no optimizer step
+        stats = {"grad_norm": 0.0}
+    t2 = time.perf_counter()
+    # ---------------------------------------------------------------- logging
+    row = {"step": s.step + 1, **onpolicy.rollout_metrics(groups),
+           **step_metrics(groups, decisions, modes, teacher_rewards, len(names)),
+           **({f"opd/{k}": kl[k] / kl["tokens"] for k in ("log_ratio", "b", "advantage")} if kl["tokens"] else {}),
+           **{k: v for k, v in stats.items() if not (isinstance(v, float) and math.isnan(v))},
+           **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_adv": t_adv, "t_ckpt": s.t_ckpt,
+           "t_train": t2 - t1, "lr": args.lr, "cursor": s.cursor, "micro_tokens": micro,
+           **s.micro_memo.pop("probe", {})}
+    fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
+    chosen = "/".join(str(row[f"teacher_chosen/t{t}"]) for t in range(len(names)))
+    s.record(row, f"step {s.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (best/group {fmt('student_reward_best', '.2f')}"
+            f" vs teachers {fmt('teacher_reward_best', '.2f')}) | gate {fmt('gate_pass_rate', '.2f')} "
+            f"chosen {chosen} skip {row['skipped_groups']} rl {row['rl_groups']} | log-ratio "
+            f"{fmt('opd/log_ratio', '.3f')} b {fmt('opd/b', '.3f')} | clip {fmt('clip_ratio/low', '.3f')}/"
+            f"{fmt('clip_ratio/high', '.3f')} | gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s "
+            f"sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
+
+
+def finish_student(s, model, tasks, n_trainable, val_tasks):
+    """Student s's final adapter, result.json and done.json (its adapter active); returns done.json's contents."""
+    train_log = [r for r in s.log if not r.get("val")]         # the training rows (val rows: validate_step)
     steps_with = lambda k: [r[k] for r in train_log if r.get(k) is not None]
     mean_over_steps = lambda k: sum(steps_with(k)) / len(steps_with(k)) if steps_with(k) else None
+    n_teachers = len(s.config["teachers"])
     outcome = {"reward_last": train_log[-1].get("reward") if train_log else None,
                **{k: mean_over_steps(k) for k in ("reward", "gate_pass_rate", "teacher_reward_best",
                                                   "opd/log_ratio", "opd/b")},
                **{k: sum(steps_with(k)) for k in ["opd_groups", "rl_groups", "skipped_groups"]
-                  + [f"teacher_chosen/t{t}" for t in range(len(names))]}}
+                  + [f"teacher_chosen/t{t}" for t in range(n_teachers)]}}
     if val_tasks is not None:
-        outcome.update(onpolicy.val_summary(log, args.val_patience), stopped_on_plateau=stopped)
-    return rundir.finish_run(out, "distill.py", model, {
-        "config": user_config, "outcome": {"steps": step, **outcome},
-        "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": student, "teachers": teachers}})
+        outcome.update(onpolicy.val_summary(s.log, s.args.val_patience), stopped_on_plateau=s.end == "plateau")
+    return rundir.finish_run(s.out, "distill.py", model, {
+        "config": s.config, "outcome": {"steps": s.step, **outcome},
+        "setup": {"tasks": len(tasks), "trainable_params": n_trainable, "student": s.config["student"],
+                  "teachers": s.config["teachers"]}}, adapter_name=s.name)
 
 
 def main(argv=None):

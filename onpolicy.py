@@ -219,23 +219,22 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     answer_mode: the prompts of both rounds (harness.first_messages / refine_state_messages; give the
     score_fn the same mode).
     extra: more rows for each generate call, run after the policy's in the same call under other adapters
-    (distill.py's teachers on the student's prompts): extra(messages_list) -> (messages, adapter names, take),
-    and take(their completions). The policy's rows keep their samples (they come first, under the active
-    adapter and the call's seed).
-    gen: what samples instead of common.generate(model, tok, messages_list, **kw) (rl.py's experts in one
-    process: a JointGenerate's member)."""
-    gen = gen or common.generate
-
+    (distill.py's teachers on the student's prompts): extra(messages_list, call_seed) -> (messages, adapter names,
+    seeds, take), and take(their completions). The policy's rows keep their samples (they come first, under the
+    active adapter and the call's seed); on the HF path each (adapter, seed) of the extra rows is a call of its own
+    (common.generate's seeds).
+    gen: what samples instead of common.generate(model, tok, messages_list, **kw) (several policies in one
+    process: a JointGenerate's member; with extra, it takes beside=(messages, adapter names, seeds) and returns the
+    policy's completions, then the extra rows')."""
     def source(model, tok, tasks, *, step, first_index):
         def generate_fn(messages_list, call_seed):
             model.eval()
             kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=call_seed,
                       batch_size=gen_batch_size)
             if extra is None:
-                return gen(model, tok, messages_list, **kw)
-            more, names, take = extra(messages_list)
-            out = common.generate(model, tok, messages_list + more,
-                                  adapters=[model.active_adapter] * len(messages_list) + names, **kw)
+                return (gen or common.generate)(model, tok, messages_list, **kw)
+            more, names, seeds, take = extra(messages_list, call_seed)
+            out = (gen or generate_beside)(model, tok, messages_list, beside=(more, names, seeds), **kw)
             take(out[len(messages_list):])
             return out[:len(messages_list)]
         out = two_round_rollouts(
@@ -250,6 +249,15 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     return source
 
 
+def generate_beside(model, tok, messages_list, *, beside, **kw):
+    """One common.generate call of the policy's rows (the active adapter, the call's seed) and, after them, the
+    rows beside=(messages, adapter names, seeds) under their adapters (seeds: common.generate's)."""
+    more, names, seeds = beside
+    n = len(messages_list)
+    return common.generate(model, tok, list(messages_list) + list(more), adapters=[model.active_adapter] * n
+                           + list(names), seeds=[None] * n + list(seeds), **kw)
+
+
 def release_fast_default(flag):
     """--release-fast default: on when the GPU has under 40 GiB (a 24 GB card cannot hold the fast
     decoder's packed weights + KV cache and the training activations at once), off elsewhere. The size is
@@ -262,13 +270,18 @@ def release_fast_default(flag):
 
 class JointGenerate:
     """Several policies' rollouts in shared generate calls: each policy (a trainable adapter of one model, rl.py's
-    experts in one process) rolls out in its own thread, and its generate call waits until every policy still
-    rolling out has one waiting; then one call serves them all (fastgen's stack rule: decode is bound by its
-    steps, not its rows, so three experts' rollouts cost about one's). The rows keep the policies' order, each
-    under its own adapter; the call's seed is the first waiting policy's. Where generate takes the HF path (CPU),
-    each policy's rows run as their own call with their own seed, under their adapter: the samples of a run
-    alone. A policy whose rollouts end leaves (leave()), so the others never wait on it. An error in the call
+    experts or distill.py's students in one process) rolls out in its own thread, and its generate call waits until
+    every policy still rolling out has one waiting; then one call serves them all (fastgen's stack rule: decode is
+    bound by its steps, not its rows, so three experts' rollouts cost about one's). The rows keep the policies'
+    order, each under its own adapter; the call's seed is the first waiting policy's. Where generate takes the HF
+    path (CPU), each policy's rows run as their own call with their own seed, under their adapter: the samples of a
+    run alone. A policy whose rollouts end leaves (leave()), so the others never wait on it. An error in the call
     reaches every policy in it.
+    A call may carry rows beside the policy's (beside=(messages, adapter names, seeds): distill.py's teachers on the
+    student's prompts). A beside row that several waiting policies ask for (the same adapter, seed and prompt) runs
+    once and each of them gets it: the teachers' answers to a prompt the students share are decoded once. They
+    follow the policies' rows in the call; on the HF path they are one call whose rows of one (adapter, seed) run
+    apart with that seed (common.generate's seeds), so each policy gets the rows it would sample alone.
 
         joint = JointGenerate(model, tok, ["expert0", "expert1"])
         gen = joint.member("expert0")      # make_model_source(gen=...), called from that policy's thread
@@ -276,11 +289,13 @@ class JointGenerate:
 
     def __init__(self, model, tok, names, fast=None):
         self.model, self.tok, self.names, self.fast = model, tok, list(names), fast
+        self.stack = list(names)         # the fast path's stacked adapters: the policies', then the beside rows'
         self.cv = threading.Condition()
         self.rolling = set()             # policies inside their rollouts
-        self.waiting = {}                # name -> (messages_list, kw) of its waiting call
+        self.waiting = {}                # name -> (messages_list, kw, beside) of its waiting call
         self.answers = {}                # name -> completions, or the exception of its call
         self.calls = []                  # [(names in the call, rows)] (tests, logs)
+        self.beside = []                 # [(beside rows asked, beside rows run)] per call
 
     def enter(self, name):
         with self.cv:
@@ -292,9 +307,9 @@ class JointGenerate:
             self._maybe_run()
 
     def member(self, name):
-        def gen(model, tok, messages_list, **kw):
+        def gen(model, tok, messages_list, beside=None, **kw):
             with self.cv:
-                self.waiting[name] = (messages_list, kw)
+                self.waiting[name] = (messages_list, kw, beside)
                 self._maybe_run()
                 while name not in self.answers:
                     self.cv.wait()
@@ -304,6 +319,23 @@ class JointGenerate:
             return out
         return gen
 
+    @staticmethod
+    def _shared_rows(names, batch):
+        """The beside rows of the waiting calls, each once: a row is its adapter, seed and prompt, and which copy of
+        it it is within its policy's call (a teacher's k answers to one prompt are k rows). Returns the distinct rows
+        [(messages, adapter, seed)] and, per policy, the indices of its beside rows among them."""
+        index, rows, where = {}, [], {}
+        for n in names:
+            copies, where[n] = {}, []
+            for m, a, s in zip(*(batch[n][2] or ((), (), ()))):
+                key = (a, s, json.dumps(m, sort_keys=True))
+                copies[key] = copies.get(key, 0) + 1
+                if (key, copies[key]) not in index:
+                    index[(key, copies[key])] = len(rows)
+                    rows.append((m, a, s))
+                where[n].append(index[(key, copies[key])])
+        return rows, where
+
     def _maybe_run(self):
         """Under the lock: when every policy still rolling out waits, run their calls as one and hand out the
         answers. (The other threads wait on the lock meanwhile: the decoder has the GPU and the CPU to itself.)"""
@@ -312,25 +344,34 @@ class JointGenerate:
         names = [n for n in self.names if n in self.waiting]
         batch = {n: self.waiting.pop(n) for n in names}
         self.calls.append((names, [len(batch[n][0]) for n in names]))
+        own = {}
         try:
+            rows, where = self._shared_rows(names, batch)
+            self.beside.append((sum(map(len, where.values())), len(rows)))
+            more, adapters, seeds = (list(x) for x in zip(*rows)) if rows else ([], [], [])
             if common.fast_path(self.model, self.fast):
-                msgs = [m for n in names for m in batch[n][0]]
-                adapters = [n for n in names for _ in batch[n][0]]
+                msgs = [m for n in names for m in batch[n][0]] + more
                 # every policy's adapter stacked, whoever waits: one decoder state and its graphs for all calls;
                 # the rows of all of them in one batch, as each would run its own
+                self.stack += [a for a in dict.fromkeys(adapters) if a not in self.stack]
                 kw = {**batch[names[0]][1]}
                 kw["batch_size"] = kw.get("batch_size", 64) * len(names)
-                out = common.generate(self.model, self.tok, msgs, adapters=adapters, stack=self.names,
-                                      fast=self.fast, **kw)
+                own_rows = [n for n in names for _ in batch[n][0]]
+                out = common.generate(self.model, self.tok, msgs, adapters=own_rows + adapters,
+                                      seeds=[None] * len(own_rows) + seeds, stack=self.stack, fast=self.fast, **kw)
                 at = 0
                 for n in names:
-                    self.answers[n] = out[at:at + len(batch[n][0])]
+                    own[n] = out[at:at + len(batch[n][0])]
                     at += len(batch[n][0])
+                shared = out[at:]
             else:
                 for n in names:
                     with common.use_adapter(self.model, n):
-                        self.answers[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
-                                                          **batch[n][1])
+                        own[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast, **batch[n][1])
+                shared = common.generate(self.model, self.tok, more, adapters=adapters, seeds=seeds, fast=self.fast,
+                                         **batch[names[0]][1]) if rows else []
+            for n in names:
+                self.answers[n] = list(own[n]) + [shared[i] for i in where[n]]
         except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)
             for n in names:
                 self.answers[n] = e
@@ -364,6 +405,85 @@ def joint_collect(members, collect):
     if first is not None:
         raise first
     return results
+
+
+class Member:
+    """One adapter's training run inside this process (rl.py's experts, distill.py's students): its own folder,
+    checkpoints, log, optimizer and data cursor. The usual run has one member, adapter "default"."""
+
+    def __init__(self, name, args):
+        self.name, self.args = name, args
+        self.out, self.ckpt_dir, self.log_path, self.done = rundir.start_run(args)
+        self.config = vars(args).copy()
+        self.optimizer = self.log = self.source = self.bar = self.joint = None
+        self.step = self.cursor = 0
+        self.resumed_step, self.micro_memo, self.end, self.t_ckpt, self.write = None, {}, None, 0.0, print
+
+    def state(self):
+        """What its checkpoints hold besides the weights and the optimizer."""
+        return {"user_config": self.config, "cursor": self.cursor, "log": self.log}
+
+    def record(self, row, line):
+        """Its step's log row (log.jsonl) and progress line; advances its step."""
+        self.log.append(row)
+        rundir.append_log(self.log_path, row)
+        self.write(line)
+        self.bar.update(1)
+        self.step += 1
+
+    def open_bar(self, desc, position, joint):
+        """Its progress bar; in a joint run its lines say whose they are."""
+        from tqdm import tqdm
+        self.bar = tqdm(total=self.args.steps, initial=self.step, desc=desc + (f" {self.name}" if joint else ""),
+                        position=position, dynamic_ncols=True, disable=not dist.is_main())
+        self.write = (lambda msg: self.bar.write(f"[{self.name}] {msg}")) if joint else self.bar.write
+
+
+def make_members(args, prefix, overrides, prog):
+    """The runs of one process: with args.joint, one Member per entry of overrides (args updated by it: its --out
+    and what else differs), adapters prefix0, prefix1, ...; else one, "default". Their folders are locked
+    (rundir.start_run). Returns (those to train, those already finished: done.json)."""
+    if not getattr(args, "joint", None):
+        members = [Member("default", args)]
+    elif dist.world() > 1:
+        raise SystemExit(f"{prog}: several runs train in one process only (their rollouts share its generate calls)")
+    else:
+        members = [Member(f"{prefix}{k}", argparse.Namespace(**{**vars(args), **o})) for k, o in enumerate(overrides)]
+    return [m for m in members if m.done is None], [m for m in members if m.done is not None]
+
+
+def members_between_steps(live, *, model, tok, val_tasks, deadline, plot_keys, release_fast, finish):
+    """The top of a step of the live members (rl.py's experts, distill.py's students, or one run): each validates
+    when due, checkpoints and decides under its own adapter (between_steps; the others' validations due next count
+    toward the deadline). A member done or on a plateau leaves live finished (m.done = finish(m), under its
+    adapter); a paused one leaves checkpointed; when one meets the deadline every member still live stops
+    checkpointed at its own step. Returns (the members that left, whether the deadline stopped the others)."""
+    for m in live:
+        model.set_adapter(m.name)
+        extra = sum(val_due_s(x.args, x.log, x.step) for x in live if x is not m)
+        m.end, t = between_steps(
+            m.args, m.step, model=model, tok=tok, optimizer=m.optimizer, val_tasks=val_tasks, log=m.log,
+            log_path=m.log_path, out=m.out, ckpt_dir=m.ckpt_dir, resumed_step=m.resumed_step, deadline=deadline,
+            state=m.state(), plot_keys=plot_keys, release_fast=release_fast, write=m.write, adapter_name=m.name,
+            extra_s=extra)
+        m.t_ckpt = time.perf_counter() - t          # its checkpoint and plot, logged with its next step
+    left = [m for m in live if m.end in ("done", "plateau", "pause")]
+    for m in left:
+        live.remove(m)
+        if m.end != "pause":                 # done or on a plateau: this member's run is complete
+            model.set_adapter(m.name)
+            m.done = finish(m)
+    if not any(m.end == "deadline" for m in live):
+        return left, False
+    for m in live:                           # all stop together, each checkpointed
+        saved = rundir.latest_checkpoint(m.ckpt_dir)
+        if m.end is None and not (saved and saved.name == f"step_{m.step:06d}"):
+            model.set_adapter(m.name)
+            rundir.save_and_plot(m.args, m.step, m.resumed_step, m.ckpt_dir, model, m.optimizer, m.state(),
+                                 m.out / "curves.png", plot_keys, force=True, adapter_name=m.name)
+        if m.end is None:
+            deadline.stop(m.out, m.step, m.write)
+    return left, True
 
 
 def overlong_penalty(length, max_len, buffer):

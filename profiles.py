@@ -101,6 +101,8 @@ PROFILES = {
         "opd_prompts": 1,          # prompts per step (authors' final script: 4)
         "opd_group": 2,            # G student samples per group (paper: 4)
         "opd_teacher_samples": 1,  # rollouts per teacher and group (final script: 1)
+        "opd_joint": False,        # opd, opd_nogate, opd_rlfb in one distill.py process: their rollouts in shared
+                                   # generate calls, a teacher's answers to a prompt they share decoded once
         # validation during training (sft.py / rl.py / distill.py --val-*), on the tuning tasks (tune_source) or
         # the skill validation tasks (train_val_source)
         "train_val": False,        # on: SFT logs val/loss (teacher rows of the val tasks) and val/syn_pass per
@@ -288,6 +290,7 @@ PROFILES["small3"] = {
     "rl_steps": 400,           # a ceiling; at least 150 before a plateau stops an expert
     "rl_min_steps": 150,
     "rl_joint": True,          # the three experts in one process: their rollouts share each decoder call
+    "opd_joint": True,         # the three OPD variants in one process: they share the teachers' answers too
     "opd_steps": 60,
 }
 

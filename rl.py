@@ -63,16 +63,15 @@ import os
 import time
 
 import torch
-from tqdm import tqdm
 
 import common
 import dist
 import rundir
 import sim
-from onpolicy import (SHARED_RANGES, JointGenerate, add_rollout_args, add_runtime_args, between_steps, build_policy,
-                      check_best, collect_groups, derive_seed, filter_long_prompts, joint_collect, load_val_tasks,
-                      make_model_source, make_optimizer, make_scorer, micro_batches, micro_tokens, per_token_logps,
-                      release_fast_default, rollout_metrics, val_due_s, val_summary)
+from onpolicy import (SHARED_RANGES, JointGenerate, add_rollout_args, add_runtime_args, build_policy, check_best,
+                      collect_groups, derive_seed, filter_long_prompts, joint_collect, load_val_tasks, make_members,
+                      make_model_source, make_optimizer, make_scorer, members_between_steps, micro_batches,
+                      micro_tokens, per_token_logps, release_fast_default, rollout_metrics, val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)
 
 
@@ -361,39 +360,18 @@ RANGES = {"steps": rundir.at_least(1), "prompts_per_step": rundir.at_least(1), "
           "lora_r": rundir.at_least(1), "lora_alpha": rundir.above(0)}
 
 
-class Expert:
-    """One adapter's RL run inside this process: its own folder, checkpoints, log, optimizer and data cursor (the
-    usual run has one expert, adapter "default"; --adapter A B C trains one per folder, adapters expert0..2)."""
-
-    def __init__(self, name, args):
-        self.name, self.args = name, args
-        self.out, self.ckpt_dir, self.log_path, self.done = rundir.start_run(args)
-        self.config = vars(args).copy()
-        self.optimizer = self.log = self.source = self.bar = None
-        self.step = self.cursor = 0
-        self.resumed_step, self.micro_memo, self.end, self.t_ckpt = None, {}, None, 0.0
-
-
 def make_experts(args):
-    """The experts of a run: one per --out (their folders locked by rundir.start_run)."""
-    joint = getattr(args, "joint", None)
-    if not joint:
-        return [Expert("default", args)]
-    experts = []
-    for k, (adapter, out) in enumerate(zip(joint["adapters"], joint["outs"])):
-        experts.append(Expert(f"expert{k}", argparse.Namespace(**{**vars(args), "adapter": adapter, "out": out})))
-    return experts
+    """The experts of a run, one per --out (onpolicy.make_members: those to train, those finished)."""
+    joint = getattr(args, "joint", None) or {}
+    return make_members(args, "expert", [{"adapter": a, "out": o} for a, o in zip(joint.get("adapters", []),
+                                                                                   joint.get("outs", []))], "rl.py")
 
 
 def run(args, *, source=None, score_fn=None, tasks=None):
     """Train. source(model, tok, tasks, *, step, first_index) -> (groups, timings) replaces the
     default model+simulator source (tests pass a scripted one); score_fn replaces only the scorer."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
-    experts = make_experts(args)
-    if len(experts) > 1 and dist.world() > 1:
-        raise SystemExit("rl.py: several experts train in one process only (their rollouts share its decoder calls)")
-    finished = [e for e in experts if e.done is not None]
-    experts = [e for e in experts if e.done is None]
+    experts, finished = make_experts(args)
     if not experts:
         return finished[-1].done
     deadline = rundir.Deadline()          # $CHORUS_DEADLINE: stop between steps, checkpointed (read before loading)
@@ -433,42 +411,18 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             answer_mode=getattr(args, "answer_mode", "testbench"), gen=sampler.member(e.name) if sampler else None)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     for k, e in enumerate(experts):
-        e.bar = tqdm(total=args.steps, initial=e.step, desc="rl" + (f" {e.name}" if joint else ""), position=k,
-                     dynamic_ncols=True, disable=not dist.is_main())
-        e.write = (lambda msg, e=e: e.bar.write(f"[{e.name}] {msg}")) if joint else e.bar.write
+        e.open_bar("rl", k, joint)
     live, paused, deadline_hit = list(experts), [], False
     try:
         while live:
-            for e in live:                 # validate when due, checkpoint, decide: each expert under its adapter
-                model.set_adapter(e.name)
-                extra = sum(val_due_s(x.args, x.log, x.step) for x in live if x is not e)
-                e.end, t = between_steps(
-                    e.args, e.step, model=model, tok=tok, optimizer=e.optimizer, val_tasks=val_tasks, log=e.log,
-                    log_path=e.log_path, out=e.out, ckpt_dir=e.ckpt_dir, resumed_step=e.resumed_step,
-                    deadline=deadline, state={"user_config": e.config, "cursor": e.cursor, "log": e.log},
-                    plot_keys=PLOT_KEYS, release_fast=release_fast, write=e.write, adapter_name=e.name, extra_s=extra)
-                e.t_ckpt = time.perf_counter() - t          # its checkpoint and plot, logged with its next step
-            for e in [e for e in live if e.end in ("done", "plateau", "pause")]:
-                live.remove(e)
-                if e.end == "pause":                  # checkpointed and stopped; the others go on to their own
-                    paused.append(e)
-                    continue
-                finished.append(e)                    # done or on a plateau: this expert's run is complete
-                model.set_adapter(e.name)
-                e.done = finish_expert(e, model, tasks, n_trainable, val_tasks)
-            if any(e.end == "deadline" for e in live):     # all stop together, each checkpointed
-                for e in live:
-                    saved = rundir.latest_checkpoint(e.ckpt_dir)
-                    if e.end is None and not (saved and saved.name == f"step_{e.step:06d}"):
-                        model.set_adapter(e.name)
-                        rundir.save_and_plot(e.args, e.step, e.resumed_step, e.ckpt_dir, model, e.optimizer,
-                                             {"user_config": e.config, "cursor": e.cursor, "log": e.log},
-                                             e.out / "curves.png", PLOT_KEYS, force=True, adapter_name=e.name)
-                    if e.end is None:
-                        deadline.stop(e.out, e.step, e.write)
-                deadline_hit = True
-                break
-            if not live:
+            # validate when due, checkpoint, decide: each expert under its adapter; a paused one stops checkpointed
+            # while the others go on to their own step
+            left, deadline_hit = members_between_steps(
+                live, model=model, tok=tok, val_tasks=val_tasks, deadline=deadline, plot_keys=PLOT_KEYS,
+                release_fast=release_fast, finish=lambda e: finish_expert(e, model, tasks, n_trainable, val_tasks))
+            paused += [e for e in left if e.end == "pause"]
+            finished += [e for e in left if e.end != "pause"]
+            if deadline_hit or not live:
                 break
             # ---------------------------------------------------------------- one RL step of every live expert
             t0 = time.perf_counter()
@@ -490,7 +444,8 @@ def run(args, *, source=None, score_fn=None, tasks=None):
             deadline.tick()
     finally:
         for e in experts:
-            e.bar.close()
+            if e.bar is not None:
+                e.bar.close()
         if pool is not None:
             pool.close()
     if deadline_hit or paused:            # unfinished: no adapter/, result.json or done.json; --resume continues
@@ -522,16 +477,12 @@ def log_step(e, all_groups, groups, stats, timings, micro, *, t_rollout, t_train
            **{k: v for k, v in timings.items() if k.startswith("t_")}, "t_ckpt": e.t_ckpt,
            "t_rollout": t_rollout, "t_train": t_train, "lr": args.lr, "cursor": e.cursor,
            "micro_tokens": micro, **e.micro_memo.pop("probe", {})}
-    e.log.append(row)
-    rundir.append_log(e.log_path, row)
     fmt = lambda k, spec: format(row[k], spec) if row.get(k) is not None else "-"
-    e.write(f"step {e.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
+    e.record(row, f"step {e.step + 1:5d}/{args.steps} | reward {fmt('reward', '.3f')} (max {fmt('reward_max', '.2f')}) "
             f"| pass {fmt('pass_rate', '.2f')} cov {fmt('coverage', '.3f')} compile {fmt('compile_rate', '.2f')} "
             f"| zero-std {fmt('frac_reward_zero_std', '.2f')} | clip {fmt('clip_ratio/low', '.3f')}/"
             f"{fmt('clip_ratio/high', '.3f')} | ent {fmt('entropy', '.3f')} | len {fmt('completions/mean_length', '.0f')} "
             f"| gnorm {fmt('grad_norm', '.3f')} | gen {row['t_gen']:.1f}s sim {row['t_sim']:.1f}s train {row['t_train']:.1f}s")
-    e.bar.update(1)
-    e.step += 1
 
 
 def finish_expert(e, model, tasks, n_trainable, val_tasks):

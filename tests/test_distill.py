@@ -146,8 +146,10 @@ SEED = EXPERTS_SEED   # distill.py builds its tiny base with --seed; the `expert
 
 
 def _args(paths, out, *extra):
+    """distill.py's args on the experts fixture; out: a folder, or a list of them (students in one process)."""
+    outs = [str(o) for o in out] if isinstance(out, (list, tuple)) else [str(out)]
     return distill.parse_args(["--model", "tiny", "--student", paths["student"], "--teachers", paths["t0"],
-                               paths["t1"], "--tasks", "unused", "--out", str(out), "--seed", str(SEED),
+                               paths["t1"], "--tasks", "unused", "--out", *outs, "--seed", str(SEED),
                                "--lr", "1e-2", "--no-gradient-checkpointing", "--max-prompt-tokens", "-1", *extra])
 
 
@@ -455,15 +457,18 @@ def test_joint_teachers_keep_one_set_of_answers_per_group_of_a_repeated_prompt()
     extra, teacher_source = distill.make_joint_teachers(_hash_score, ["teacher0"], num_samples=1, group_size=2)
     msgs = [{"role": "user", "content": "test a"}]
     answer = lambda text: SimpleNamespace(text=text)                                       # noqa: E731
-    for text in ("x", "yy"):                         # two calls, each with the prompt twice (the student's G = 2)
-        more, names, take = extra([msgs, msgs])
+    seeds = []
+    for call_seed, text in ((5, "x"), (6, "yy")):   # two calls, each with the prompt twice (the student's G = 2)
+        more, names, row_seeds, take = extra([msgs, msgs], call_seed)
         assert more == [msgs] and names == ["teacher0"]
+        seeds += row_seeds
         take([answer(text)])
+    assert seeds == [onpolicy.derive_seed(c, "teacher", "teacher0", 0, json.dumps(msgs, sort_keys=True)) for c in (5, 6)]
     group = SimpleNamespace(samples=[SimpleNamespace(messages=msgs, task_id="a")])
     rewards, _ = teacher_source(None, None, [group, group], [None, None], ["teacher0"], step=0)
     assert rewards == [[[0.0]], [[1.2]]]                # "x" scores 0, "yy" 1.2 (_hash_score)
     with pytest.raises(ValueError, match="joint teachers: 3 rows are not prompts x 2 samples"):
-        extra([msgs, msgs, msgs])
+        extra([msgs, msgs, msgs], 0)
 
 
 def _two_scripted_steps(experts, save_every):

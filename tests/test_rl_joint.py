@@ -251,12 +251,12 @@ def test_an_expert_that_ends_as_another_meets_the_deadline_is_finished(tmp_path,
     done.json), expert 1 stops checkpointed at the same step, and the run exits 75."""
     a0, a1 = _adapter(tmp_path, 1), _adapter(tmp_path, 2)
     outs = [str(tmp_path / "d0"), str(tmp_path / "d1")]
-    real = rl.between_steps
+    real = onpolicy.between_steps
 
     def ends(args, step, **kw):
         end, t = real(args, step, **kw)
         return ("plateau" if args.out == outs[0] and step == 2 else end), t
-    monkeypatch.setattr(rl, "between_steps", ends)
+    monkeypatch.setattr(onpolicy, "between_steps", ends)
     monkeypatch.setattr(onpolicy, "deadline_near", lambda d, args, log, step, extra_s=0.0: args.out == outs[1] and step == 2)
     argv = BASE + ["--steps", "4", "--save-every", "5", "--adapter", a0, a1, "--out", *outs]
     assert rl.run(rl.parse_args(argv), score_fn=_score, tasks=TASKS) == rundir.EXIT_DEADLINE
