@@ -2,6 +2,7 @@
 everyday `generate` command. Every later stage reports its numbers through this file.
 
     python evaluate.py eval --model M [--adapter A] --tasks T.jsonl --out DIR [--n 5 --rounds 3]
+    python evaluate.py eval --model M --adapter A B C --tasks T.jsonl --out X Y Z ...   # several models, one process
     python evaluate.py compare DIR1 DIR2 ... --out DIR
     python evaluate.py claims EVAL_DIR [--out claims.json]      # (a)-(d) of the paper, with verdicts
     python evaluate.py generate --model M [--adapter A] --rtl a.sv b.sv --top TOP [--inst uut]
@@ -35,15 +36,30 @@ Metrics (docs/method.md §2.3), all in percent, over tasks (each task weighs the
 - failures: the best results' statuses in the groups of failure_breakdown() (parse / compile / timeout /
   sim_time_limit / other / ok), counts over samples.
 - Pass@1, Cov@1 and SynPass carry a 95% bootstrap interval over tasks (seeded by --seed).
+Several models (eval --adapter A B C --out X Y Z, as many of each): the base is loaded once with every adapter,
+each model runs the loop in its own thread, and their generate calls meet in one (onpolicy.JointGenerate; on the
+fast path one decoder call whose rows run under their own adapters, fastgen's stack rule: decode is bound by its
+steps, not its rows, so N models cost about one model's decode time); their simulations share one pool. Each
+folder gets what its single eval writes (its config also names the command's other models under `joint`). On the
+HF path (CPU) each model's calls run apart with its own seeds: its samples and metrics equal its single eval's. On
+the fast path a joined call samples with its first model's seed and each row's noise follows its place in the
+call, so a model's samples need not equal its single eval's bit for bit (the same distribution). A model that
+fails ends the command with one line naming it, after the others have written their folders. A model's gen_s
+(metrics' timing) is the wall time of the joined calls it waited through.
 split_tasks() fixes a tuning split (30% of ids, by hash) and a reporting split, so that choices are
 tuned on one and reported on the other.
 """
 import argparse
+import contextlib
+import copy
 import hashlib
 import itertools
 import json
 import math
+import os
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -96,16 +112,18 @@ def passed(result):
 # ---------------------------------------------------------------------------------------------------
 # Policies: list of message lists -> list of answer texts
 
-def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0, batch_size=64):
-    """Wrap a (PEFT) model as a Policy. Each call uses a fresh seed derived from (seed, call index)."""
+def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8, seed=0, batch_size=64, gen=None):
+    """Wrap a (PEFT) model as a Policy. Each call uses a fresh seed derived from (seed, call index).
+    gen: what samples instead of common.generate(model, tok, messages_list, **kw) (eval_joint: a JointGenerate
+    member, so that several models' calls meet in one)."""
     calls = itertools.count()
     context = common.context_length(model, tok)
 
     def policy(messages_list):
-        outs = common.generate(model, tok, messages_list, max_new_tokens=max_new_tokens,
-                               temperature=temperature, top_p=top_p,  # several processes: a stream per rank
-                               seed=(seed * 100_003 + next(calls)) * dist.world() + dist.rank(),
-                               batch_size=batch_size)
+        outs = (gen or common.generate)(model, tok, messages_list, max_new_tokens=max_new_tokens,
+                                        temperature=temperature, top_p=top_p,  # several processes: a stream per rank
+                                        seed=(seed * 100_003 + next(calls)) * dist.world() + dist.rank(),
+                                        batch_size=batch_size)
         return [c.text for c in outs]
     # run_eval asks before generating: a prompt that leaves no room for one new token is not generated
     policy.prompt_fits = lambda messages: len(common.chat_ids(tok, messages)) < context
@@ -116,7 +134,7 @@ def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8,
 # The loop
 
 def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_size=64, target_mode="cvdp",
-             sim_cfg=None, n_boot=1000, verbose=True, answer_mode="testbench"):
+             sim_cfg=None, n_boot=1000, verbose=True, answer_mode="testbench", pool=None, tag=None):
     """Run the memoryless agentic loop (rounds=0: direct mode) and score it.
 
     Returns (samples, metrics). samples: one JSON-able dict per (task, sample) with every round's text,
@@ -126,6 +144,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
     answer_mode: testbench | stimulus (harness.first_messages / refine_state_messages, score.submit_answer).
     Several processes (dist.py): each rank runs its contiguous block of the tasks; every rank gets
     all the samples (in task order) and the metrics of all of them.
+    pool: a simpool.SimPool to simulate on (eval_joint: one for every model of the process; sim_workers and
+    sim_cfg are then its own); None: a pool of this run's. tag: the model's name in the progress lines.
     """
     all_tasks = list(tasks)
     if len({t["id"] for t in all_tasks}) != len(all_tasks):
@@ -146,7 +166,8 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
         _, r, text, res = best[i]
         return harness.refine_state_messages(task, text, res, answer_mode), r
 
-    with simpool.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) as pool:
+    own = pool is None          # a pool of its own, closed at the end; a given one is the caller's
+    with simpool.SimPool(sim_workers or dist.cpu_share(), cfg=sim_cfg) if own else contextlib.nullcontext(pool) as pool:
         for r in range(rounds + 1):
             active = [i for i in range(len(samples)) if not stopped[i]]
             t_gen, t0, pending = 0.0, time.time(), []
@@ -188,9 +209,10 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                            "total_s": round(time.time() - t0, 2)})
             if verbose:
                 bests = [s["rounds"][s["best_by_round"][-1]]["result"] for s in samples]
-                print(f"eval round {r}: {len(active)} generated, pass {_pct(map(passed, bests)):.1f}%, "
-                      f"cov {np.mean([coverage(b) for b in bests]):.1f}%, syn {_pct(map(syn_ok, bests)):.1f}%, "
-                      f"{sum(stopped)} at 100%; gen {t_gen:.1f}s, round {time.time() - t0:.1f}s")
+                say(f"eval{f' [{tag}]' if tag else ''} round {r}: {len(active)} generated, "
+                    f"pass {_pct(map(passed, bests)):.1f}%, cov {np.mean([coverage(b) for b in bests]):.1f}%, "
+                    f"syn {_pct(map(syn_ok, bests)):.1f}%, {sum(stopped)} at 100%; gen {t_gen:.1f}s, "
+                    f"round {time.time() - t0:.1f}s")
     for i, s in enumerate(samples):
         s["best_round"] = best[i][1]
         s["best"] = s["rounds"][best[i][1]]["result"]
@@ -254,6 +276,12 @@ def validate(model, tok, tasks, *, n=1, max_new_tokens=2048, temperature=0.7, to
             "val/s": round(time.time() - t0, 2), "val/timeouts": sum(r.get("status") == sim.TIMEOUT for r in results),
             "val/starved_timeouts": sum(sim.starved_timeout(r) for r in results),
             "val/answers_sha": hashlib.sha256(answers.encode()).hexdigest()[:16]}
+
+
+def say(text):
+    """print(text) in one write: the lines of models evaluated in threads (eval_joint) do not interleave."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _pct(bools):
@@ -513,15 +541,25 @@ def _load_policy(args, tasks=()):
         return baseline_policy(args.model, tasks, answer_mode=args.answer_mode, seed=args.seed,
                                random_cycles=args.random_cycles, random_reset_period=args.random_reset_period,
                                target_mode=getattr(args, "target_mode", "cvdp"))
+    model, tok = _load_model(args, {"default": args.adapter} if args.adapter else {})
+    return _policy(args, model, tok)
+
+
+def _load_model(args, adapters):
+    """--model with each adapter of `adapters` (name -> folder) loaded under its name, in eval mode."""
     model, tok = common.load_model(args.model, quant=args.quant)
-    if args.adapter:
-        model = common.load_adapter(model, args.adapter)
+    for name, path in adapters.items():
+        model = common.load_adapter(model, path, adapter_name=name)
     model.eval()
+    return model, tok
+
+
+def _policy(args, model, tok, gen=None):
     return model_policy(model, tok, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
+                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, gen=gen)
 
 
-def _add_model_args(p):
+def _add_model_args(p, several=False):
     harness.add_answer_mode_arg(p)
     p.add_argument("--model", default=None, help="HF id, folder or GGUF (default: the bundled SmolLM2); or a "
                    "baseline with no weights, run on CPU: `random` (constrained-random stimulus, stimulus mode) or "
@@ -530,7 +568,9 @@ def _add_model_args(p):
                    help="--model random: random cycles per stimulus (its budget, within the harness watchdog)")
     p.add_argument("--random-reset-period", type=int, default=floor.RESET_PERIOD,
                    help="--model random: reset_dut() every this many random cycles (0: only at the start)")
-    p.add_argument("--adapter", default=None, help="peft adapter folder to apply")
+    p.add_argument("--adapter", default=None, nargs="+" if several else None,
+                   help="peft adapter folder to apply" + ("; several, with one --out each: the models evaluated in "
+                                                         "one process (see 'Several models' below)" if several else ""))
     common.add_gpu_mem_arg(p)
     p.add_argument("--quant", default="auto", help="passed to common.load_model")
     p.add_argument("--temperature", type=float, default=0.7, help="paper eval: 0.7")
@@ -554,13 +594,16 @@ RANGES = {"random_cycles": rundir.at_least(1), "random_reset_period": rundir.at_
 # eval
 
 def add_eval_args(p):
-    _add_model_args(p)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter      # eval --help ends with the docstring's paragraph
+    p.epilog = __doc__[__doc__.index("Several models ("):__doc__.index("split_tasks() fixes")]
+    _add_model_args(p, several=True)
     p.add_argument("--tasks", required=True, help="task JSONL (sim.load_tasks schema)")
     p.add_argument("--ids", nargs="+", default=None, help="only these task ids")
     p.add_argument("--limit", type=int, default=None, help="first N tasks (after --split / --ids)")
     p.add_argument("--split", choices=("all", "tuning", "report"), default="all",
                    help="fixed 30/70 split by id hash: tune on 'tuning', report on 'report'")
-    p.add_argument("--out", required=True, help="folder for samples.jsonl, metrics.json, result.json")
+    p.add_argument("--out", required=True, nargs="+",
+                   help="folder for samples.jsonl, metrics.json, result.json; one per --adapter when several")
     p.add_argument("--n", type=int, default=5, help="samples per task (paper: 5)")
     p.add_argument("--rounds", type=int, default=3, help="refinement rounds after the first (paper: 3)")
     p.add_argument("--mode", choices=("agentic", "direct"), default="agentic",
@@ -572,8 +615,10 @@ def add_eval_args(p):
 
 def cmd_eval(args):
     rundir.check_options("evaluate.py eval", args, RANGES)
+    adapters, outs = several_models(args)
     dist.init()                 # several processes: before the model lands on this rank's GPU
-    rundir.lock_run(args.out)   # one writer per folder: a second eval into it is refused (one line)
+    for out in outs:            # one writer per folder: a second eval into it is refused (one line)
+        rundir.lock_run(out)
     every = sim.load_tasks(args.tasks)
     if not every:               # an empty file is bad input, not metrics of nothing and a done.json
         raise ValueError(f"--tasks {args.tasks}: the file has no tasks")
@@ -592,20 +637,84 @@ def cmd_eval(args):
     if fell_back:
         print(f"eval: {len(fell_back)} task(s) in testbench mode, the kit cannot harness them: "
               + "; ".join(list(fell_back.values())[:3]))
-    policy = _load_policy(args, tasks)
+    floors = floor.load_floor(args.floor) if args.floor else None
+    if len(outs) > 1:
+        return eval_joint(args, tasks, rounds, config, floors, list(zip(adapters, outs)))
+    eval_model(args, _load_policy(args, tasks), tasks, rounds, config, floors, args.out)
+    return 0
+
+
+def eval_model(args, policy, tasks, rounds, config, floors, out, pool=None, tag=None):
+    """One model's eval into `out` (write_eval), its summary printed; tag: its name in a joint run's lines."""
+    tagged = lambda text: say("\n".join(f"[{tag}] {line}" if tag else line for line in text.splitlines()))  # noqa: E731
     repeats = getattr(policy, "ignores_feedback", False)         # the random baseline
     if repeats and rounds:
-        print(f"eval: {args.model} ignores feedback: run direct, its {rounds} refinement rounds reported as round 0")
+        tagged(f"eval: {args.model} ignores feedback: run direct, its {rounds} refinement rounds reported as round 0")
     samples, metrics = run_eval(policy, tasks, n=args.n, rounds=0 if repeats else rounds, sim_workers=args.sim_workers,
                                 seed=args.seed, batch_size=args.batch_size, target_mode=args.target_mode,
-                                answer_mode=args.answer_mode)
+                                answer_mode=args.answer_mode, pool=pool, tag=tag)
     if repeats and rounds:
         metrics = mirror_agentic(metrics, rounds)
-    metrics = add_floor_metrics(metrics, tasks, floor.load_floor(args.floor) if args.floor else None, seed=args.seed)
+    metrics = add_floor_metrics(metrics, tasks, floors, seed=args.seed)
     if dist.is_main():
-        write_eval(args.out, samples, metrics, config)
-    print("\n".join(summary_lines(metrics)))
-    print(f"eval: wrote {args.out}/metrics.json")
+        write_eval(out, samples, metrics, config)
+    tagged("\n".join(summary_lines(metrics)))
+    tagged(f"eval: wrote {out}/metrics.json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several models in one process: their rows in one decoder call
+
+def several_models(args):
+    """(adapters, outs) of `eval --adapter A B C --out X Y Z`, checked before any work (one line each); one --out
+    leaves args as a single eval has them (adapter and out: one value each), so its config is unchanged."""
+    adapters, outs = args.adapter or [], args.out
+    if len(outs) > 1 or len(adapters) > 1:
+        if is_baseline(args.model):
+            raise SystemExit(f"evaluate.py eval: the baseline {args.model} takes no --adapter and one --out")
+        if len(adapters) != len(outs):
+            raise SystemExit(f"evaluate.py eval: several models need one --adapter per --out (got {len(adapters)} "
+                             f"and {len(outs)})")
+        if len({os.path.realpath(o) for o in outs}) != len(outs):
+            raise SystemExit("evaluate.py eval: each model needs its own --out folder")
+    args.adapter, args.out = (adapters[0] if adapters else None), outs[0]
+    return adapters, outs
+
+
+def eval_joint(args, tasks, rounds, config, floors, models):
+    """Evaluate several adapters of one base (models: [(adapter folder, out folder)]) in one process: the model
+    loaded once, each adapter under its own name (model0, model1, ...), each model's run_eval in its own thread
+    with a policy whose generate calls meet the others' in one call (onpolicy.JointGenerate: decode is bound by
+    its steps, not its rows), and one SimPool for all of their simulations. Each folder gets what a single eval
+    writes; its config adds `joint` (every adapter and out of the command). A model that fails does not stop
+    the others: their folders are written, then the command ends with one line naming the failed ones."""
+    import onpolicy             # at call time: onpolicy imports this file (validate) at its top
+    if dist.world() > 1:
+        raise SystemExit("evaluate.py eval: several models are evaluated in one process only (their generate "
+                         "calls meet in it); run one per model under several processes")
+    names = {f"model{k}": pair for k, pair in enumerate(models)}
+    model, tok = _load_model(args, {name: adapter for name, (adapter, _) in names.items()})
+    joint = onpolicy.JointGenerate(model, tok, list(names))
+    together = {"adapters": [a for a, _ in models], "outs": [o for _, o in models]}
+    print(f"eval: {len(names)} models in one process, their generate calls joined: "
+          + ", ".join(f"{n} {a} -> {o}" for n, (a, o) in names.items()))
+    failed = {}
+
+    def collect(member):
+        adapter, out = names[member.name]
+        try:        # its own tokenizer: the threads render prompts at once (prompt_fits), a fast one is not shared
+            policy = _policy(args, model, copy.deepcopy(tok), gen=joint.member(member.name))
+            eval_model(args, policy, tasks, rounds, {**config, "adapter": adapter, "out": out, "joint": together},
+                       floors, out, pool=pool, tag=Path(out).name)
+        except BaseException as e:      # noqa: BLE001  (named below, once every model has ended)
+            failed[out] = e
+            traceback.print_exc(file=sys.stdout)       # the stage log has it; stderr gets the one line
+    with simpool.SimPool(args.sim_workers or dist.cpu_share()) as pool:
+        onpolicy.joint_collect([argparse.Namespace(joint=joint, name=n) for n in names], collect)
+    if failed:
+        why = "; ".join(f"{out}: {type(e).__name__}: {' '.join(str(e).split())}" for out, e in failed.items())
+        raise SystemExit(f"evaluate.py eval: {len(failed)} of {len(models)} models failed ({why}); the others' "
+                         "folders are written")
     return 0
 
 
