@@ -713,8 +713,8 @@ def eval_joint(args, tasks, rounds, config, floors, models):
         onpolicy.joint_collect([argparse.Namespace(joint=joint, name=n) for n in names], collect)
     if failed:
         why = "; ".join(f"{out}: {type(e).__name__}: {' '.join(str(e).split())}" for out, e in failed.items())
-        raise SystemExit(f"evaluate.py eval: {len(failed)} of {len(models)} models failed ({why}); the others' "
-                         "folders are written")
+        rest = "; the others' folders are written" if len(failed) < len(models) else ""
+        raise SystemExit(f"evaluate.py eval: {len(failed)} of {len(models)} models failed ({why}){rest}")
     return 0
 
 

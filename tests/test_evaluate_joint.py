@@ -165,7 +165,8 @@ def test_a_failing_model_ends_the_command_in_one_line_and_the_others_finish(tmp_
     assert not t.is_alive(), "the joint eval hung"
     why = str(ended["why"])
     assert why.startswith("evaluate.py eval: 1 of 2 models failed") and "\n" not in why
-    assert f"{outs[1]}: RuntimeError: CUDA error: an illegal memory access was encountered" in why
+    assert f"{outs[1]}: RuntimeError: CUDA error: an illegal memory access was encountered);" in why
+    assert why.endswith("the others' folders are written")
     assert (outs[0] / "done.json").is_file() and not (outs[1] / "done.json").exists()
     assert [names for names, _ in spies["joints"][0].calls] == [["model0", "model1"], ["model0"], ["model0"]]
     assert len(_samples(outs[0])) == 4 and all(len(s["rounds"]) == 3 for s in _samples(outs[0]))
