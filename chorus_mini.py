@@ -542,14 +542,18 @@ def rl_cmd(c, o, model, ks):
                   if c["train_val"] else [])])
 
 
+def command_outs(command):
+    """The --out folders a recorded command (a done.json's `commands` entry) names, as it printed them."""
+    argv = shlex.split(command)
+    return list(itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--out") + 1:])) \
+        if "--out" in argv else []
+
+
 def joint_stages(o, name, names):
     """The stages of `names` whose one command finished stage `name` (its done.json's command names their --out
     folders, in that order), or name alone: what rl_cmd / opd_cmd must be given to print that command again."""
     done = rundir.read_done(o / name) or {}
-    argv = shlex.split((done.get("commands") or [""])[0])
-    if "--out" not in argv:
-        return name
-    outs = list(itertools.takewhile(lambda a: not a.startswith("--"), argv[argv.index("--out") + 1:]))
+    outs = command_outs((done.get("commands") or [""])[0])
     got = [n for out in outs for n in names if out == str(rel(o / n))]
     return got if len(got) > 1 and name in got else name
 
@@ -623,11 +627,42 @@ def pick_merge(out, candidates):
 
 
 def eval_cmd(c, o, model, adapter, tasks, out, n, rounds):
-    return Cmd([*launch(c, "evaluate.py"), "eval", "--tasks", rel(tasks), "--out", rel(out),
-                *opts(model=model, adapter=adapter and rel(adapter), quant=c["quant"], n=n, rounds=rounds,
+    """evaluate.py eval of one model (adapter None: the base model, or a baseline's spec as model) into out; adapter
+    and out may be lists of as many (eval_joint: several adapters in one process)."""
+    adapters, outs = (adapter, out) if isinstance(out, list) else ([adapter] if adapter else [], [out])
+    return Cmd([*launch(c, "evaluate.py"), "eval", "--tasks", rel(tasks), "--out", *map(rel, outs),
+                *opts(model=model), *(["--adapter", *map(rel, adapters)] if adapters else []),
+                *opts(quant=c["quant"], n=n, rounds=rounds,
                       max_new_tokens=c["max_new_tokens"], batch_size=c["gen_batch_size"], seed=c["seed"],
                       sim_workers=c["sim_workers"], target_mode=c["target_mode"], answer_mode=c["answer_mode"])],
-               done=Path(out) / "done.json")
+               done=Path(outs[0]) / "done.json" if len(outs) == 1 else None)
+
+
+def eval_cmds(c, o, model, stage, models, tasks, n, rounds, base=None):
+    """An eval stage's commands (eval, eval_syn, eval_skill, val): each model (name -> adapter folder, None = the
+    base model) into OUT/stage/NAME, then each baseline (name -> evaluate.py --model spec). With eval_joint the
+    adapters of joint_models run as one evaluate.py command, the others (finished, or the base model) alone."""
+    joint = joint_models(c, o, stage, models)
+    return ([eval_cmd(c, o, model, [models[m] for m in joint], tasks, [o / stage / m for m in joint], n, rounds)]
+            if joint else []) \
+        + [eval_cmd(c, o, model, models[m], tasks, o / stage / m, n, rounds) for m in models if m not in joint] \
+        + [eval_cmd(c, o, spec, None, tasks, o / stage / name, n, rounds) for name, spec in (base or {}).items()]
+
+
+def joint_models(c, o, stage, models):
+    """The models of an eval stage that one evaluate.py command evaluates together (eval_joint, one process: not
+    under accelerate's several): those with an adapter whose folder has no done.json yet; in a finished stage, those
+    of the joint command its done.json records, so that the stage's commands print again as they ran. [] when
+    fewer than two (one model's command is the same either way)."""
+    if not c["eval_joint"] or c["gpus"] > 1:
+        return []
+    record = rundir.read_done(o / stage)
+    if record is not None and "commands" in record:
+        outs = max((command_outs(cmd) for cmd in record["commands"]), key=len, default=[])
+        joint = [m for out in outs for m in models if out == str(rel(o / stage / m))]
+    else:
+        joint = [m for m, adapter in models.items() if adapter is not None and not (o / stage / m / "done.json").exists()]
+    return joint if len(joint) > 1 else []
 
 
 def rl_prompts_used(c):
@@ -744,8 +779,8 @@ def cmd_run(args):
         run_stage(ctx, f"rl{k}", [rl_cmd(c, o, model, joint_experts(o, k))])
     run_stage(ctx, "merge", merge_cmds(c, o, model))
     val_tasks = o / "data/skill_val/skill_tasks.jsonl" if c["skill_val_tasks"] > 0 else tune_tasks(c, o)
-    run_stage(ctx, "val", [eval_cmd(c, o, model, o / f"rl{k}/adapter", val_tasks, o / f"val/rl{k}",
-                                    c["val_n"], c["val_rounds"]) for k in range(3)])
+    run_stage(ctx, "val", eval_cmds(c, o, model, "val", {f"rl{k}": o / f"rl{k}/adapter" for k in range(3)}, val_tasks,
+                                    c["val_n"], c["val_rounds"]))
     joint = c["opd_joint"] and c["gpus"] <= 1
     due = [v for v in OPD_VARIANTS if (not ctx.only or v in ctx.only) and not (o / v / "done.json").exists()]
     if joint and len(due) > 1:      # one process trains the due variants; each stage folder gets its record
@@ -754,25 +789,18 @@ def cmd_run(args):
         run_stage(ctx, variant, [opd_cmd(c, o, model, joint_stages(o, variant, list(OPD_VARIANTS)))])
     needs = sorted({MODEL_STAGE[m] for m in wanted})
     base = baselines(c)         # weightless: evaluated beside the models, and in every comparison
-    run_stage(ctx, "eval", [eval_cmd(c, o, model, model_adapters(o, c)[m], eval_tasks, o / "eval" / m, c["eval_n"],
-                                     c["eval_rounds"]) for m in wanted]
-              + [eval_cmd(c, o, spec, None, eval_tasks, o / "eval" / name, c["eval_n"], c["eval_rounds"])
-                 for name, spec in base.items()], needs=needs, partial=subset)
+    models = {m: model_adapters(o, c)[m] for m in wanted}
+    run_stage(ctx, "eval", eval_cmds(c, o, model, "eval", models, eval_tasks, c["eval_n"], c["eval_rounds"], base),
+              needs=needs, partial=subset)
     syn = []                    # the held-out synthetic test designs of the data stage
     if c["test_tasks"] > 0:
-        syn_tasks = o / "data" / "test_tasks.jsonl"
-        syn = [eval_cmd(c, o, model, model_adapters(o, c)[m], syn_tasks, o / "eval_syn" / m, c["test_n"],
-                         c["test_rounds"]) for m in wanted] \
-            + [eval_cmd(c, o, spec, None, syn_tasks, o / "eval_syn" / name, c["test_n"], c["test_rounds"])
-               for name, spec in base.items()]
+        syn = eval_cmds(c, o, model, "eval_syn", models, o / "data" / "test_tasks.jsonl", c["test_n"],
+                        c["test_rounds"], base)
     run_stage(ctx, "eval_syn", syn, needs=needs, partial=subset)
     skill = []                  # the skill split of the data stage
     if c["skill_tasks"] > 0:
-        skill_tasks = o / "data" / "skill" / "skill_tasks.jsonl"
-        skill = [eval_cmd(c, o, model, model_adapters(o, c)[m], skill_tasks, o / "eval_skill" / m, c["eval_n"],
-                           c["eval_rounds"]) for m in wanted] \
-            + [eval_cmd(c, o, spec, None, skill_tasks, o / "eval_skill" / name, c["eval_n"], c["eval_rounds"])
-               for name, spec in base.items()]
+        skill = eval_cmds(c, o, model, "eval_skill", models, o / "data" / "skill" / "skill_tasks.jsonl", c["eval_n"],
+                          c["eval_rounds"], base)
     run_stage(ctx, "eval_skill", skill, needs=needs, partial=subset)
     if subset:
         print(f"chorus-mini run: eval_models={c['eval_models']} is a subset of the models: compare and report wait "

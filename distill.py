@@ -31,7 +31,7 @@ answers at step 0, every --val-every steps and the last step, log rows with "val
 Several students in one process (--out takes one folder per student, --variants one gate each: gated, nogate =
 --no-gate, rlfb = --on-fail rl): the students of the OPD ablation share the start, teachers, prompts and budget, so
 they are one run each (folder, checkpoints, log, optimizer, cursor; adapters student0..2) whose rollouts meet in
-shared generate calls (onpolicy.JointGenerate, as rl.py's experts). A teacher's answers to a prompt that several
+shared generate calls (jointgen.JointGenerate, as rl.py's experts). A teacher's answers to a prompt that several
 students ask in the same call (every prompt of round 1, and of round 2 where their states agree) are decoded and
 scored once and shared; each student gates its own groups against them. The teachers' answers to a prompt carry
 their own seed (make_joint_teachers), so on the HF path (CPU) each student trains exactly as alone (a test); on the
@@ -56,6 +56,7 @@ import torch
 
 import common
 import dist
+import jointgen
 import onpolicy
 import rundir
 import sim
@@ -184,7 +185,7 @@ def make_joint_teachers(score_fn, teachers, *, num_samples, group_size, scores=N
     A teacher's answers to one prompt carry a seed of their own, from the call's seed, the teacher, the prompt and
     its place in the call: on the HF path they are a generate call of their own with it, so they depend on nothing
     else in the call, and students of one process that ask a teacher the same prompt in the same call get the same
-    answers, decoded once (onpolicy.JointGenerate).
+    answers, decoded once (jointgen.JointGenerate).
     Returns (extra, teacher_source): teacher_source scores the stashed answers to each group's prompt, with
     make_teacher_source's return shape. A prompt asked twice in a step (two groups of one task across an epoch's
     end) keeps both sets of answers, one per group, in order. scores: a dict the students of one process share,
@@ -450,7 +451,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
     teacher rollouts and its block of the distillation advantages; every rank gets all of them back and
     train_on_batch sums the gradients, so the update is the one of one process on the same batch.
     Several students (--out X Y Z --variants ...; one process): each is a run of its own (folder, checkpoints, log,
-    optimizer, cursor) under its adapter; their rollouts meet in shared generate calls (onpolicy.JointGenerate)
+    optimizer, cursor) under its adapter; their rollouts meet in shared generate calls (jointgen.JointGenerate)
     where a teacher's answers to a prompt several students ask are decoded and scored once, and each student gates
     its own groups against them. On the HF path (CPU) each student trains exactly as alone (a test)."""
     dist.init()           # several processes: join the group before the model lands on this rank's GPU
@@ -493,7 +494,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                               f"on fail {s.args.on_fail}" for s in students))
 
     pool, scores = None, {}               # scores: the teachers' answers the students share, scored once a step
-    sampler = onpolicy.JointGenerate(model, tok, [s.name for s in students]) if len(students) > 1 else None
+    sampler = jointgen.JointGenerate(model, tok, [s.name for s in students]) if len(students) > 1 else None
     if (source is None or teacher_source is None) and score_fn is None:
         pool, score_fn = onpolicy.make_scorer(args, tasks)
     gen = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
@@ -524,7 +525,7 @@ def run(args, *, source=None, teacher_source=None, score_fn=None, tasks=None):
                 break
             # ---------------------------------------------------------------- every live student's rollouts
             t0 = time.perf_counter()
-            batches = onpolicy.joint_collect(live, lambda s: onpolicy.collect_groups(
+            batches = jointgen.joint_collect(live, lambda s: onpolicy.collect_groups(
                 s.source, model, tok, tasks, step=s.step, cursor=s.cursor, prompts_per_step=args.prompts_per_step,
                 rounds=args.rounds, seed=args.seed))
             t_collect = time.perf_counter() - t0

@@ -84,6 +84,8 @@ PROFILES = {
         "rl_rounds": 2,            # groups per prompt: round 1 + worst-state refinement (paper: 2)
         "rl_lr": 2e-5,             # LoRA; paper 1e-6 full FT
         "rl_joint": False,         # rl0-rl2 in one rl.py process, their rollouts in shared generate calls (rl.py)
+        "eval_joint": False,       # each eval stage's (eval, eval_syn, eval_skill, val) adapters in one evaluate.py
+                                   # process, their rows in shared generate calls (evaluate.py: --adapter A B --out X Y)
         "rl_temperature": 1.0,     # RL / OPD rollout sampling temperature (paper: 1.0); their log-probs use it too
         "gen_chunk": 1,            # prompts per generate call in rl/distill (simulation of one chunk overlaps the next)
         "rl_max_extra_prompts": None,   # dynamic-sampling refill cap per step (None = rl.py's 2 x prompts)
@@ -291,6 +293,7 @@ PROFILES["small3"] = {
     "rl_min_steps": 150,
     "rl_joint": True,          # the three experts in one process: their rollouts share each decoder call
     "opd_joint": True,         # the three OPD variants in one process: they share the teachers' answers too
+    "eval_joint": True,        # each eval stage's models in one process: their rows share each decoder call
     "opd_steps": 60,
 }
 

@@ -44,7 +44,7 @@ Where this deviates from the paper (CHORUS trained full weights with slime on 2x
 
 Several experts in one process (--adapter and --out take one folder per expert): each is its own run (its own
 folder, checkpoints, log, optimizer and data cursor, the same settings), and their rollouts share each generate
-call (onpolicy.JointGenerate: fastgen's stack rule runs each row under its expert's adapter; decode is bound by its
+call (jointgen.JointGenerate: fastgen's stack rule runs each row under its expert's adapter; decode is bound by its
 steps, not its rows, so three experts' rollouts cost about one's). On the fast path an expert other than the first
 samples other tokens than it would alone (the call's seed and its rows' places); on the HF path (CPU) each expert's
 rows are a call of their own with its seed, so each expert trains exactly as alone (a test). A checkpoint names its
@@ -68,8 +68,9 @@ import common
 import dist
 import rundir
 import sim
-from onpolicy import (SHARED_RANGES, JointGenerate, add_rollout_args, add_runtime_args, build_policy, check_best,
-                      collect_groups, derive_seed, filter_long_prompts, joint_collect, load_val_tasks, make_members,
+from jointgen import JointGenerate, joint_collect
+from onpolicy import (SHARED_RANGES, add_rollout_args, add_runtime_args, build_policy, check_best,
+                      collect_groups, derive_seed, filter_long_prompts, load_val_tasks, make_members,
                       make_model_source, make_optimizer, make_scorer, members_between_steps, micro_batches,
                       micro_tokens, per_token_logps, release_fast_default, rollout_metrics, val_summary)
 from onpolicy import disable_dropout  # noqa: F401  (bench/bench_4b.py builds its policy with rl.*)

@@ -15,6 +15,7 @@ import pytest
 import chorus_mini as cm
 import common
 import distill
+import jointgen
 import onpolicy
 import profiles
 import rundir
@@ -186,7 +187,7 @@ def test_pause_at_stops_every_student_checkpointed_and_a_deadline_after_k_steps_
 
 
 # -----------------------------------------------------------------------------
-# the rendezvous with rows beside the policies' (onpolicy.JointGenerate), against a scripted generate
+# the rendezvous with rows beside the policies' (jointgen.JointGenerate), against a scripted generate
 
 class _Model:
     active = "none"
@@ -214,9 +215,9 @@ def test_beside_rows_several_policies_ask_for_run_once_and_each_gets_its_own(mon
     monkeypatch.setattr(common, "generate", _record(record))
     monkeypatch.setattr(common, "fast_path", lambda model, f=None: fast)
     monkeypatch.setattr(common, "use_adapter", lambda model, name: contextlib.nullcontext())
-    joint = onpolicy.JointGenerate(_Model(), None, ["a", "b"])
+    joint = jointgen.JointGenerate(_Model(), None, ["a", "b"])
     beside = {"a": (["p", "p", "qa"], ["t", "t", "t"], [1, 1, 2]), "b": (["qb", "p", "p"], ["t", "t", "t"], [3, 1, 1])}
-    out = onpolicy.joint_collect([_Member("a", joint), _Member("b", joint)], lambda m: m.joint.member(m.name)(
+    out = jointgen.joint_collect([_Member("a", joint), _Member("b", joint)], lambda m: m.joint.member(m.name)(
         None, None, [m.name + "0"], beside=beside[m.name], seed={"a": 7, "b": 8}[m.name]))
     assert joint.beside == [(6, 4)]                                   # 6 asked, 4 run: p twice, qa, qb
     shared = ["t:p:1", "t:p:1", "t:qa:2", "t:qb:3"]

@@ -1,5 +1,5 @@
 """rl.py's experts in one process (--adapter A B --out X Y): the rendezvous that lets their rollouts share each
-generate call (onpolicy.JointGenerate) against known call sequences, and whole runs on the tiny model: on the HF
+generate call (jointgen.JointGenerate) against known call sequences, and whole runs on the tiny model: on the HF
 path (CPU) each expert of a joint run trains exactly as it does alone, and an expert's checkpoint resumes alone or
 jointly alike (checkpoints name the weights "default" whatever the expert's adapter is called).
 
@@ -17,7 +17,7 @@ import common
 import onpolicy
 import rl
 import rundir
-from onpolicy import JointGenerate, joint_collect
+from jointgen import JointGenerate, joint_collect
 
 from test_rl import AND_TASK, one_thread  # noqa: F401 (an autouse fixture: one torch thread)
 from test_rl import RL_BASE as BASE
