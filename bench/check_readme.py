@@ -193,6 +193,11 @@ FIGURES = [
     Figure("results/bench_4b_gen.json", lambda p: (f1(js(p, "summary", "fast_vs_hf")),),
            "The fast decoder is {}x HF generate"),
     Figure("results/rl_throughput.md", md(r"\*\*RL step: ([\d.]+) s\*\*"), "takes {} s on an H200"),
+    Figure("results/rl_throughput.md", md(r"\| three experts, one process \| all three \| \*\*[\d.]+\*\* \| \*\*([\d.]+)\*\*"),
+           "an expert-step takes {} s this way"),
+    Figure("results/rl_throughput.md", lambda p: ("-".join(re.search(
+        r"\| two processes side by side[^|]*\| each arm \| [\d.]+ / [\d.]+ \| ([\d.]+) / ([\d.]+) \|",
+        Path(p).read_text()).groups()),), "against {} s for two processes"),
     Figure("results/gpu_memory.json", gpu_memory,
            "greedy answers are {} in fp32; in bf16, {}-{} of 206 answers part at near-ties and direct "
            "Pass@1 stays within {}-{}"),
