@@ -56,6 +56,7 @@ Scoring a stimulus answer: p = prepare_stimulus(h, text); p.reason "ok" -> sim.j
 import dataclasses
 import hashlib
 import re
+import threading
 
 import pyslang
 
@@ -313,6 +314,7 @@ _KEYWORD_REASONS = [
 ]
 _CHECK_CACHE = {}
 _CHECK_CACHE_SIZE = 1024
+_CHECK_LOCK = threading.Lock()     # the cache is read and evicted from several threads (jointgen's members)
 
 
 def _bare_harness():
@@ -337,11 +339,15 @@ def check_stimulus(body, harness=None):
     body = body or ""
     h = harness or _bare_harness()
     key = hashlib.sha256("\0".join((h.head, h.tail, h.inst, h.top, body)).encode("utf-8", "surrogatepass")).digest()
-    if key not in _CHECK_CACHE:
-        if len(_CHECK_CACHE) >= _CHECK_CACHE_SIZE:
+    with _CHECK_LOCK:
+        if key in _CHECK_CACHE:
+            return _CHECK_CACHE[key]
+    reason = _check_stimulus(body, h)       # outside the lock: threads (joint experts, joint evals) check at once
+    with _CHECK_LOCK:                       # eviction and insertion as one: two threads must not evict one key
+        if key not in _CHECK_CACHE and len(_CHECK_CACHE) >= _CHECK_CACHE_SIZE:
             _CHECK_CACHE.pop(next(iter(_CHECK_CACHE)))
-        _CHECK_CACHE[key] = _check_stimulus(body, h)
-    return _CHECK_CACHE[key]
+        _CHECK_CACHE[key] = reason
+    return reason
 
 
 def _check_stimulus(body, h):

@@ -256,3 +256,32 @@ def test_fuzz_check_stimulus_and_prescan():
         if why is None:       # what the stimulus check lets through, the assembled pre-scan lets through
             assert tbcheck._check_testbench(harness.assemble(H, body)[0], prepared, "uut")[0] == [], body
     assert time.perf_counter() - t0 < 10.0
+
+
+def test_the_check_cache_holds_under_threads(monkeypatch):
+    """Joint experts and joint evals check stimuli from several threads at once: with a full cache, eviction and
+    insertion must not race (two threads evicting one key raised KeyError, or the dict changed under iteration)."""
+    import sys
+    import threading
+    monkeypatch.setattr(harness, "_CHECK_CACHE", {})
+    monkeypatch.setattr(harness, "_CHECK_CACHE_SIZE", 8)
+    monkeypatch.setattr(harness, "_check_stimulus", lambda body, h: None if body.startswith("ok") else "line 1: no")
+    errors, old = [], sys.getswitchinterval()
+
+    def work(t):
+        try:
+            for i in range(5000):
+                body = f"{'ok' if i % 2 else 'bad'} {t} {i}"
+                assert (harness.check_stimulus(body) is None) == body.startswith("ok")
+        except Exception as e:      # noqa: BLE001  (collected, asserted below)
+            errors.append(repr(e))
+    sys.setswitchinterval(1e-6)     # switch threads as often as possible: the race shows within a few thousand calls
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == [] and len(harness._CHECK_CACHE) <= 8
