@@ -257,7 +257,11 @@ def run_stage(ctx, name, commands, needs=None, partial=False, also=()):
                 print(f"chorus_mini.py: stage {name} paused (rl_pause_at), checkpointed: the same command without "
                       f"rl_pause_at goes on", file=sys.stderr)
             raise SystemExit(rundir.EXIT_DEADLINE)
-        if code != 0:
+        if code != 0:           # a member of a joint command that finished before it failed keeps its record
+            for stage, f in zip([name, *also], folders):
+                done = rundir.read_done(f)
+                if also and done is not None and "stage" not in done:
+                    record_stage(stage, f, commands, t0, rss, gpu)
             raise SystemExit(f"chorus_mini.py: stage {name} failed (exit {code}); log {folder / 'stdout.log'}; "
                              f"re-run by hand from {ROOT.name}/:\n  {cmd}")
     if partial:

@@ -238,6 +238,13 @@ def test_rl_joint_trains_the_due_experts_in_one_command_and_records_each_stage(t
                      needs=[], also=["rl3"])
     done = json.loads((o / "rl3/done.json").read_text())
     assert done["stage"] == "rl3" and done["script"] == "rl.py" and done["calls"] == 2 and not (o / "rl2/done.json").exists()
+    # and so does one that finished before the command failed
+    finish6 = finish.replace("rl3/done.json", "rl6/done.json")
+    with pytest.raises(SystemExit) as e:
+        cm.run_stage(ctx, "rl5", [cm.Cmd(["python", "-c", finish6 + "; raise SystemExit(1)"])], needs=[], also=["rl6"])
+    assert "stage rl5 failed (exit 1)" in str(e.value) and not (o / "rl5/done.json").exists()
+    done = json.loads((o / "rl6/done.json").read_text())
+    assert done["stage"] == "rl6" and done["script"] == "rl.py" and done["commands"]
     # a pause (rl_pause_at) is such a stop, logged and said as one
     mark = f"import json, pathlib; pathlib.Path({str(o / 'rl2' / rundir.DEADLINE_MARKER)!r}).write_text(json.dumps({{'why': 'pause'}}))"
     with pytest.raises(SystemExit) as e:
