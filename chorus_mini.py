@@ -655,9 +655,11 @@ def eval_cmds(c, o, model, stage, models, tasks, n, rounds, base=None):
 
 def joint_models(c, o, stage, models):
     """The models of an eval stage that one evaluate.py command evaluates together (eval_joint, one process: not
-    under accelerate's several): those with an adapter whose folder has no done.json yet; in a finished stage, those
-    of the joint command its done.json records, so that the stage's commands print again as they ran. [] when
-    fewer than two (one model's command is the same either way)."""
+    under accelerate's several): the trained adapters (rank lora_r) whose folder has no done.json yet; in a finished
+    stage, those of the joint command its done.json records, so that the stage's commands print again as they ran.
+    [] when fewer than two (one model's command is the same either way). The merges run alone, their adapter folded
+    into the weights: they have rank merge_rank (576 in small3) or 3 x lora_r (the soup), and the stack rule pads
+    every adapter of a call to the largest rank and multiplies every row by all of them."""
     if not c["eval_joint"] or c["gpus"] > 1:
         return []
     record = rundir.read_done(o / stage)
@@ -665,7 +667,8 @@ def joint_models(c, o, stage, models):
         outs = max((command_outs(cmd) for cmd in record["commands"]), key=len, default=[])
         joint = [m for out in outs for m in models if out == str(rel(o / stage / m))]
     else:
-        joint = [m for m, adapter in models.items() if adapter is not None and not (o / stage / m / "done.json").exists()]
+        joint = [m for m, adapter in models.items()
+                 if adapter is not None and m not in MERGES and not (o / stage / m / "done.json").exists()]
     return joint if len(joint) > 1 else []
 
 
