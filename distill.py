@@ -46,7 +46,6 @@ xrun/IMC; run length and batch are flags (defaults: the authors' final OPD scrip
 import argparse
 import json
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -395,7 +394,7 @@ def parse_args(argv=None):
             p.error(f"several students need one --variants entry per --out (got {len(variants or [])} and {len(outs)})")
         if args.no_gate or args.on_fail != "skip":
             p.error("--variants sets each student's gate: leave out --no-gate and --on-fail")
-        if len({os.path.realpath(o) for o in outs}) != len(outs):
+        if rundir.shared_folders(outs):
             p.error("each student needs its own --out folder")
         if len(outs) > 1:                 # in each student's config: who trained beside it
             args.joint = {"variants": variants, "outs": outs}

@@ -56,7 +56,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -676,7 +675,7 @@ def several_models(args):
         if len(adapters) != len(outs):
             raise SystemExit(f"evaluate.py eval: several models need one --adapter per --out (got {len(adapters)} "
                              f"and {len(outs)})")
-        if len({os.path.realpath(o) for o in outs}) != len(outs):
+        if rundir.shared_folders(outs):
             raise SystemExit("evaluate.py eval: each model needs its own --out folder")
     args.adapter, args.out = (adapters[0] if adapters else None), outs[0]
     return adapters, outs

@@ -21,12 +21,12 @@ import json
 import os
 import random
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import common
 import dist
@@ -294,7 +294,6 @@ class Member:
 
     def open_bar(self, desc, position, joint):
         """Its progress bar; in a joint run its lines say whose they are."""
-        from tqdm import tqdm
         self.bar = tqdm(total=self.args.steps, initial=self.step, desc=desc + (f" {self.name}" if joint else ""),
                         position=position, dynamic_ncols=True, disable=not dist.is_main())
         self.write = (lambda msg: self.bar.write(f"[{self.name}] {msg}")) if joint else self.bar.write

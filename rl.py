@@ -59,7 +59,6 @@ logs and the run folder from rundir.py. This file owns the DAPO objective and th
 import argparse
 import json
 import math
-import os
 import time
 
 import torch
@@ -334,7 +333,7 @@ def parse_args(argv=None):
     if len(outs) > 1 or (adapters and len(adapters) > 1):
         if not adapters or len(adapters) != len(outs):
             p.error(f"several experts need one --adapter per --out (got {len(adapters or [])} and {len(outs)})")
-        if len({os.path.realpath(o) for o in outs}) != len(outs):
+        if rundir.shared_folders(outs):
             p.error("each expert needs its own --out folder")
         args.joint = {"adapters": adapters, "outs": outs}        # in each expert's config: who trained beside it
     args.out, args.adapter = outs[0], adapters[0] if adapters else None

@@ -516,6 +516,12 @@ def finish_run(out, script, model, result, adapter_name="default"):
 
 BAD_INPUT = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
+def shared_folders(outs):
+    """Whether two of the --out folders of a joint run (rl.py's experts, distill.py's students, evaluate.py's
+    models) are one folder, by their real paths: each run needs its own."""
+    return len({os.path.realpath(o) for o in outs}) != len(outs)
+
+
 # An option's range as (test, what it must be), for check_options and profiles.py's --set checks.
 # NaN fails every test, so `--lr nan` is refused like `--lr -1`.
 def at_least(n):
