@@ -5,8 +5,8 @@ RL and distillation spend most of their time sampling rollouts; this path makes 
 faster than transformers' generate (results/bench.md). common.generate() is the public entry point: it
 renders the chats and calls generate() here on CUDA (or HF generate, the reference, elsewhere). On CPU
 the same code runs eagerly, so the tests compare it with HF without a GPU. Of the project's files it imports
-only fastpack.py (the weights, packed) and two_part.py (the shared-prefix attention kernels); common imports from
-here (one direction, no cycle).
+only fastpack.py (the weights, packed), two_part.py (the shared-prefix attention kernels) and lora_stack.py (the
+stack rule's LoRA term in one kernel); common imports from here (one direction, no cycle).
 
 Sections:
   1. what both generation paths share: the Completion record, the stop rule (EOS or the closing code
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fastpack
+import lora_stack
 import two_part
 from fastpack import FastUnsupported  # noqa: F401  (common and the tests name it from here)
 
@@ -185,18 +186,33 @@ def _rms(x, w, eps):
 # The stack rule: in a call whose rows run different adapters (generate(adapters=...)), nothing is folded;
 # a group's la/lb hold every adapter's A and scaled B (_stack_loras), and sel [N, T] (one-hot: the adapter of
 # each row) keeps each row's own columns: y = x W^T + ((x la^T) * sel) lb^T. Three small kernels per group; sel
-# is made once per decode step or prefill chunk.
+# is made once per decode step or prefill chunk. FUSED_LORA "auto": in decode, where the probe passes (CUDA with
+# Triton), the three are one kernel (lora_stack.py) and sel is the pair (arow [N], T) instead. Off (False) until
+# bench/bench_generate.py --teachers N --fused-lora shows it faster on the GPU; True forces it (tests).
+FUSED_LORA = False
+
 
 def _lin(x, G, residual=None, sel=None):
     """y = x W^T (+ b) (+ residual), W with the adapters folded in, or with each row's own adapter (the stack
-    rule; sel [N, T]). x [N, in] -> [N, out]."""
+    rule; sel [N, T] one-hot, or (arow [N], T) for the fused kernel). x [N, in] -> [N, out]."""
     add = G["b"] if residual is None else (residual if G["b"] is None else residual + G["b"])
     y = F.linear(x, G["w"]) if add is None else torch.addmm(add, x, G["w"].t())
     if "la" in G:
+        if isinstance(sel, tuple):
+            return lora_stack.add_triton(y, x, G["la"], G["lb"], *sel)
         N, T = sel.shape
         h = (F.linear(x, G["la"]).view(N, T, -1) * sel[:, :, None]).view(N, -1)
         y = torch.addmm(y, h, G["lb"].t())
     return y
+
+
+def _fused_lora(st):
+    """Whether decode steps of this stacked state add the LoRA term with lora_stack's kernel (probed once)."""
+    if "fused_lora" not in st:
+        W, m = st["W"], st["meta"]
+        st["fused_lora"] = FUSED_LORA is True or (FUSED_LORA == "auto" and W["embed"].device.type == "cuda"
+                                                  and lora_stack.kernel_works(W["embed"].device, m["dtype"]))
+    return st["fused_lora"]
 
 
 def _select(slot, rows, T):
@@ -305,7 +321,8 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
                            device=valid.device).masked_fill(~valid[:, None, None], float("-inf"))
     g = m["hq"] // m["hkv"]
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
-    sel = _select(slot, slice(None), len(st["stack"] or ()))
+    T = len(st["stack"] or ())
+    sel = (slot["arow"], T) if T and _fused_lora(st) else _select(slot, slice(None), T)
     for li, L in enumerate(W["layers"]):
         q, k, v = _qkv(L, m, x, cos, sin, sel)
         slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])

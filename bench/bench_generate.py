@@ -36,6 +36,12 @@ their own adapters (fastgen's stack rule, what distill.py does now); each timed 
 check: each stacked row's leading tokens equal to its one-adapter row's (greedy_agreement).
    OPD teachers (GPU): python bench/bench_generate.py --teachers 3 --rl-prompts 8 --rl-group 1 --rl-cap 1280 \
                   --rl-min 1700 --rl-max 6900 --rl-batch 256 --out results/bench_generate_teachers.json
+--fused-lora adds a third timing of the stacked call with its LoRA term as one kernel per linear (lora_stack.py,
+fastgen.FUSED_LORA "auto": where the kernel's probe passes), each of the two stacked modes from a fresh decoder
+state; the JSON's fused_lora_ran says whether the kernel ran. The joint RL experts' rollouts are such calls
+(three adapters, G 4):
+   python bench/bench_generate.py --teachers 3 --rl-prompts 16 --rl-group 4 --rl-cap 1280 --rl-min 1700 \
+                  --rl-max 6900 --rl-batch 256 --fused-lora --out results/bench_generate_fused_lora.json
 """
 import argparse
 import json
@@ -192,17 +198,28 @@ def teachers_round(args, model, tok, device):
             with common.use_adapter(model, name):
                 out += fastgen.generate(model, tok, rows, seed=k, max_lens=ln, **kw)
         return out
-    runs = {"one_at_a_time": one_at_a_time,
-            "stacked": lambda k: fastgen.generate(model, tok, rows * len(names), seed=k, max_lens=sum(lens, []),
-                                                  adapters=[n for n in names for _ in rows], **kw)}
-    calls = []
+    def stacked(k):
+        return fastgen.generate(model, tok, rows * len(names), seed=k, max_lens=sum(lens, []),
+                                adapters=[n for n in names for _ in rows], **kw)
+    runs = {"one_at_a_time": one_at_a_time, "stacked": stacked}
+    # the stacked call with the LoRA term as lora_stack's one kernel (where its probe passes) against the torch
+    # form: each mode starts from a fresh decoder state, since the captured graphs hold the path they were made on
+    fused = {"stacked": False, "stacked_fused": "auto"} if args.fused_lora else {}
+    if fused:
+        runs["stacked_fused"] = stacked
+    calls, fused_ran = [], None
     for mode, fn in runs.items():
+        if mode in fused:
+            fastgen.free_fast_cache(model)
+            fastgen.FUSED_LORA = fused[mode]
         for k in range(args.rl_calls):
             out, sec = timed(lambda: fn(k), device)
             kept = sum(len(c.completion_ids) for c in out)
             calls.append({"mode": mode, "call": k, "rows": len(out), "new_tokens": kept, "s": round(sec, 3),
                           "tok_s": round(kept / sec, 1)})
             print(calls[-1], flush=True)
+        if mode == "stacked_fused":
+            fused_ran = fastpack.hf_causal_lm(model).__dict__["_chorus_fast_stack"]["fused_lora"]
     # greedy check under the same path (CUDA graphs on a GPU): each stacked row against its one-adapter row, as
     # leading tokens equal (bf16 may part at a near-tie after a while; fp32 on CPU agrees fully)
     check = {**kw, "temperature": 0, "top_p": 1.0, "max_new_tokens": min(128, args.rl_cap)}
@@ -219,11 +236,12 @@ def teachers_round(args, model, tok, device):
     per_call = {m: round(sum(v) / len(v), 3) for m, v in steady.items()}
     print(f"\nOPD teachers: {len(names)} adapters x {args.rl_prompts} prompts x {args.rl_group}, cap {args.rl_cap}: "
           f"one at a time {per_call['one_at_a_time']:.2f} s, stacked {per_call['stacked']:.2f} s per round "
-          f"(x{per_call['one_at_a_time'] / per_call['stacked']:.2f})")
+          f"(x{per_call['one_at_a_time'] / per_call['stacked']:.2f})"
+          + (f", stacked with the fused LoRA kernel {per_call['stacked_fused']:.2f} s (ran: {fused_ran})" if fused else ""))
     return {"mode": "teachers", "teachers": len(names), "rl_prompts": args.rl_prompts, "rl_group": args.rl_group,
             "rl_cap": args.rl_cap, "rl_batch": args.rl_batch, "shared_prefix": args.shared_prefix,
             "prompt_tokens": [len(p) for p in distinct], "calls": calls, "steady_s_per_round": per_call,
-            "greedy_agreement": agree,
+            "greedy_agreement": agree, "fused_lora_ran": fused_ran,
             "speedup": round(per_call["one_at_a_time"] / per_call["stacked"], 3)}
 
 
@@ -244,6 +262,8 @@ def main():
     ap.add_argument("--fresh-slot", action="store_true", help="--rl-round: drop the decoder state per call")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="fastgen.SHARED_PREFIX on: each group's prompt K/V once, two-part decode attention")
+    ap.add_argument("--fused-lora", action="store_true",
+                    help="--teachers: also time the stacked call with lora_stack's one-kernel LoRA term (the probe decides)")
     ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
