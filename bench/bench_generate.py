@@ -83,8 +83,34 @@ def add_model_args(ap):
     """--model, --tiny, --quant, --lora-r: what bench_model reads (shared with profile_decode.py)."""
     ap.add_argument("--model", default=None, help="HF id, folder or .gguf (default: embedded SmolLM2 GGUF)")
     ap.add_argument("--tiny", action="store_true", help="use common.tiny_model (CPU smoke run)")
+    ap.add_argument("--random-shape", choices=["smollm2"], default=None,
+                    help="a random model of SmolLM2-135M's shape (random_like) instead of a model file: no GGUF needed")
     ap.add_argument("--quant", default="auto", help="auto | none | bf16 | fp32 | 4bit")
     ap.add_argument("--lora-r", type=int, default=16, help="LoRA rank of the active adapter (0 = none)")
+
+
+# SmolLM2-135M-Instruct's public config.json (the dimensions that set a decode step's kernels and their sizes)
+SHAPES = {"smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                          num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                          tie_word_embeddings=True)}
+
+
+def random_like(shape, seed=0):
+    """(model, tok): random weights in a named model's shape (SHAPES) with the kit's tiny tokenizer, bf16 on CUDA
+    (fp32 on CPU). The vocabulary is the tokenizer's 1k, not the model's 49k: the output layer and sampling are
+    smaller than the real model's, the layers are the same. For timing the decoder where no model file is."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = common.tiny_tokenizer(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), initializer_range=0.05, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **SHAPES[shape])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    if torch.cuda.is_available():
+        model = model.to("cuda", torch.bfloat16)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model.eval(), tok
 
 
 def bench_model(args):
@@ -92,6 +118,8 @@ def bench_model(args):
     --lora-r whose B is small random (not zero), as in RL rollouts. Shared with profile_decode.py."""
     if args.tiny:
         model, tok = common.tiny_model(0)
+    elif getattr(args, "random_shape", None):
+        model, tok = random_like(args.random_shape)
     else:
         model, tok = common.load_model(args.model, quant=args.quant)
     if args.lora_r:
@@ -201,7 +229,7 @@ def teachers_round(args, model, tok, device):
     def stacked(k):
         return fastgen.generate(model, tok, rows * len(names), seed=k, max_lens=sum(lens, []),
                                 adapters=[n for n in names for _ in rows], **kw)
-    runs = {"one_at_a_time": one_at_a_time, "stacked": stacked}
+    runs = {"stacked": stacked} if args.stacked_only else {"one_at_a_time": one_at_a_time, "stacked": stacked}
     # the stacked call with the LoRA term as lora_stack's one kernel (where its probe passes) against the torch
     # form: each mode starts from a fresh decoder state, since the captured graphs hold the path they were made on
     fused = {"stacked": False, "stacked_fused": "auto"} if args.fused_lora else {}
@@ -219,7 +247,7 @@ def teachers_round(args, model, tok, device):
                           "tok_s": round(kept / sec, 1)})
             print(calls[-1], flush=True)
         if mode == "stacked_fused":
-            fused_ran = fastpack.hf_causal_lm(model).__dict__["_chorus_fast_stack"]["fused_lora"]
+            fused_ran = fastpack.hf_causal_lm(model).__dict__["_chorus_fast_stack"].get("fused_lora")
     # greedy check under the same path (CUDA graphs on a GPU): each stacked row against its one-adapter row, as
     # leading tokens equal (bf16 may part at a near-tie after a while; fp32 on CPU agrees fully)
     check = {**kw, "temperature": 0, "top_p": 1.0, "max_new_tokens": min(128, args.rl_cap)}
@@ -234,15 +262,17 @@ def teachers_round(args, model, tok, device):
     steady = {m: [c["s"] for c in calls if c["mode"] == m and c["call"] > 0] or
               [c["s"] for c in calls if c["mode"] == m] for m in runs}
     per_call = {m: round(sum(v) / len(v), 3) for m, v in steady.items()}
+    alone_s = per_call.get("one_at_a_time")
     print(f"\nOPD teachers: {len(names)} adapters x {args.rl_prompts} prompts x {args.rl_group}, cap {args.rl_cap}: "
-          f"one at a time {per_call['one_at_a_time']:.2f} s, stacked {per_call['stacked']:.2f} s per round "
-          f"(x{per_call['one_at_a_time'] / per_call['stacked']:.2f})"
+          + (f"one at a time {alone_s:.2f} s, " if alone_s else "") + f"stacked {per_call['stacked']:.2f} s per round"
+          + (f" (x{alone_s / per_call['stacked']:.2f})" if alone_s else "")
           + (f", stacked with the fused LoRA kernel {per_call['stacked_fused']:.2f} s (ran: {fused_ran})" if fused else ""))
     return {"mode": "teachers", "teachers": len(names), "rl_prompts": args.rl_prompts, "rl_group": args.rl_group,
             "rl_cap": args.rl_cap, "rl_batch": args.rl_batch, "shared_prefix": args.shared_prefix,
             "prompt_tokens": [len(p) for p in distinct], "calls": calls, "steady_s_per_round": per_call,
             "greedy_agreement": agree, "fused_lora_ran": fused_ran,
-            "speedup": round(per_call["one_at_a_time"] / per_call["stacked"], 3)}
+            "speedup": round(alone_s / per_call["stacked"], 3) if alone_s else None,
+            "fused_speedup": round(per_call["stacked"] / per_call["stacked_fused"], 3) if fused else None}
 
 
 def main():
@@ -262,6 +292,7 @@ def main():
     ap.add_argument("--fresh-slot", action="store_true", help="--rl-round: drop the decoder state per call")
     ap.add_argument("--shared-prefix", action="store_true",
                     help="fastgen.SHARED_PREFIX on: each group's prompt K/V once, two-part decode attention")
+    ap.add_argument("--stacked-only", action="store_true", help="--teachers: skip the one-adapter-at-a-time calls")
     ap.add_argument("--fused-lora", action="store_true",
                     help="--teachers: also time the stacked call with lora_stack's one-kernel LoRA term (the probe decides)")
     ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")

@@ -51,6 +51,32 @@ def test_bench_generate_teachers_tiny(tmp_path):
                                                       "adapters beside the active one)")
 
 
+def test_bench_generate_fused_lora_modes(tmp_path):
+    """--fused-lora --stacked-only: the stacked call timed with the torch form and with the fused kernel's setting
+    (off the GPU its probe fails, so the torch form runs and the JSON says so), the same tokens kept per row."""
+    out = tmp_path / "fused.json"
+    run(ROOT / "bench" / "bench_generate.py", "--tiny", "--lora-r", "4", "--teachers", "2", "--rl-prompts", "2",
+        "--rl-group", "1", "--rl-cap", "10", "--rl-min", "60", "--rl-max", "90", "--rl-calls", "2", "--temperature",
+        "0", "--stacked-only", "--fused-lora", "--out", out)
+    r = json.loads(out.read_text())
+    assert [(c["mode"], c["call"]) for c in r["calls"]] == [("stacked", 0), ("stacked", 1), ("stacked_fused", 0),
+                                                              ("stacked_fused", 1)]
+    assert len({c["new_tokens"] for c in r["calls"]}) == 1 and r["speedup"] is None and r["fused_speedup"] > 0
+    assert r["fused_lora_ran"] is False and set(r["steady_s_per_round"]) == {"stacked", "stacked_fused"}
+
+
+def test_random_shape_is_smollm2s_layers_with_the_tiny_vocabulary():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "bench_generate.py")
+    bg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bg)
+    model, tok = bg.random_like("smollm2")
+    c = model.config
+    assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) \
+        == (576, 1536, 30, 9, 3) and c.vocab_size == len(tok) < 2000
+    assert 100e6 < sum(p.numel() for p in model.parameters()) < 110e6       # SmolLM2-135M without its 49k vocabulary
+
+
 def test_profile_decode_tiny_and_ab(tmp_path):
     """One profile of the kit's decoder and one of a decoder loaded from another file (--decoder)."""
     out = tmp_path / "prof.json"
