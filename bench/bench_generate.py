@@ -356,7 +356,9 @@ def main():
 
 def run_info(args, model, device, prompt):
     """The fields that say what ran where (shared with profile_decode.py)."""
-    return {"git": common.git_info(), "model": args.model or ("tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"),
+    shape = getattr(args, "random_shape", None)
+    name = f"random, {shape}'s layers, tiny vocabulary" if shape else "tiny" if args.tiny else "SmolLM2-135M-Instruct (GGUF)"
+    return {"git": common.git_info(), "model": args.model or name,
             "device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
             "dtype": str(next(model.parameters()).dtype), "prompt_tokens": len(prompt), "lora_r": args.lora_r,
             "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__}}

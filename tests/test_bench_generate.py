@@ -63,6 +63,7 @@ def test_bench_generate_fused_lora_modes(tmp_path):
                                                               ("stacked_fused", 1)]
     assert len({c["new_tokens"] for c in r["calls"]}) == 1 and r["speedup"] is None and r["fused_speedup"] > 0
     assert r["fused_lora_ran"] is False and set(r["steady_s_per_round"]) == {"stacked", "stacked_fused"}
+    assert r["model"] == "tiny"
 
 
 def test_random_shape_is_smollm2s_layers_with_the_tiny_vocabulary():
