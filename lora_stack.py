@@ -12,11 +12,12 @@ weights' dtype, as the torch form's product is), keeps each row's own adapter's 
 block of lb and adds the result to y in place.
 
 kernel_works probes it once per device and dtype against the torch form; fastgen uses it where the probe
-passes (CUDA with Triton), and the torch form everywhere else. Nothing here imports project files.
+passes (CUDA with Triton; probe.py), and the torch form everywhere else. Of the project's files it imports only
+probe.py.
 """
-import sys
-
 import torch
+
+import probe
 
 
 def add_torch(y, x, la, lb, arow, T):
@@ -94,20 +95,13 @@ def kernel_works(device, dtype):
     if key not in _KERNEL_OK:
         ok = False
         if triton is not None and torch.device(device).type == "cuda":
-            try:
+            def run():
                 gen = torch.Generator(device=device).manual_seed(0)
                 r = lambda *s: (torch.randn(*s, generator=gen, device=device) * 0.1).to(dtype)   # noqa: E731
                 T, K, N, IN, OUT = 3, 48, 37, 576, 960
                 x, la, lb, y = r(N, IN), r(T * K, IN), r(OUT, T * K), r(N, OUT)
                 arow = torch.randint(0, T, (N,), generator=gen, device=device)
-                got, want = add_triton(y.clone(), x, la, lb, arow, T), add_torch(y.clone(), x, la, lb, arow, T)
-                tol = 1e-4 if dtype == torch.float32 else 2e-2
-                ok = bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
-                if not ok:
-                    err = (got.float() - want.float()).abs().max().item()
-                    print(f"[fastgen] Triton stacked-LoRA kernel differs from the torch form by {err:.3g}; "
-                          "the torch form runs", file=sys.stderr)
-            except Exception as e:     # no kernel for this GPU or build: the torch form runs
-                print(f"[fastgen] Triton stacked-LoRA kernel unavailable ({str(e)[:120]})", file=sys.stderr)
+                return add_triton(y.clone(), x, la, lb, arow, T), add_torch(y.clone(), x, la, lb, arow, T)
+            ok = probe.agrees("stacked-LoRA kernel", run, dtype)
         _KERNEL_OK[key] = ok
     return _KERNEL_OK[key]

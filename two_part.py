@@ -1,11 +1,11 @@
 """Shared-prefix decode attention for fastgen.py: a group's prompt K/V read once, each row's new tokens apart,
 the two parts merged by their log-sum-exp. The torch form runs anywhere (the CPU tests check it against plain
 attention); on CUDA two Triton kernels do the same where a probe agrees with the torch form (kernel_works).
-fastgen.py's shared-prefix layout (its section 4) is the only caller; nothing here imports project files.
+fastgen.py's shared-prefix layout (its section 4) is the only caller; of the project's files it imports only probe.py.
 """
-import sys
-
 import torch
+
+import probe
 
 # The layout (fastgen.SHARED_PREFIX, fastgen's section 4). RL samples G answers per prompt; in today's layout
 # every row reads its own copy of the prompt's K/V, and decode is bound by those reads. In the shared-prefix
@@ -196,7 +196,7 @@ def kernel_works(device, dtype, hq, hkv, d):
     if key not in _KERNEL_OK:
         ok = False
         if triton is not None and torch.device(device).type == "cuda" and d >= 16 and d & (d - 1) == 0:
-            try:
+            def run():
                 gen = torch.Generator(device=device).manual_seed(0)
                 r = lambda *s: torch.randn(*s, generator=gen, device=device).to(dtype)   # noqa: E731
                 U, B, S = 2, 6, 150                     # two groups of three rows (one row twice)
@@ -205,14 +205,7 @@ def kernel_works(device, dtype, hq, hkv, d):
                 t = lambda x: torch.tensor(x, device=device)                               # noqa: E731
                 args = (q, pk, pv, t([PREFIX_CHUNK + 44, 17]), t([[0, 1, 2], [3, 4, 0]]), t([0, 1, 2, 3, 4, 0]),
                         sk, sv, t([130]), d ** -0.5)
-                got, want = attention_triton(*args), attention_torch(*args)
-                tol = 1e-4 if dtype == torch.float32 else 3e-2
-                ok = bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
-                if not ok:
-                    err = (got.float() - want.float()).abs().max().item()
-                    print(f"[fastgen] Triton two-part attention differs from the torch form by {err:.3g}; "
-                          "the torch form runs", file=sys.stderr)
-            except Exception as e:     # no kernel for this GPU or build: the torch form runs
-                print(f"[fastgen] Triton two-part attention unavailable ({str(e)[:120]})", file=sys.stderr)
+                return attention_triton(*args), attention_torch(*args)
+            ok = probe.agrees("two-part attention", run, dtype)
         _KERNEL_OK[key] = ok
     return _KERNEL_OK[key]

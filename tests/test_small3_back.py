@@ -1,25 +1,18 @@
 """bench/gpu/small3_back.py: a job's packed parts into the kept state (paths rewritten, the newest checkpoint kept,
 a best/ that travelled without its adapter keeps the state's, a mismatch changes nothing)."""
-import io
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
 import small3_back  # noqa: E402
+from test_small3_call import _tar_bytes  # noqa: E402
 
 
 def _parts(folder, members, size=40):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
-    data = buf.getvalue()
+    data = _tar_bytes(members)
     folder.mkdir(parents=True)
     for k in range(0, len(data), size):
         (folder / f"back.tgz.part{k // size:02d}").write_bytes(data[k:k + size])
@@ -36,8 +29,8 @@ def _home(state):
 def test_parts_replace_the_state_folders(tmp_path):
     state = tmp_path / "state"
     _home(state)
-    meta = json.dumps({"adapter": "/root/stage/s3/sft0/val_ckpt/step_000312/adapter",
-                       "model": "/root/stage/smollm2.gguf"}).encode()
+    meta = json.dumps({"adapter": "/gpu/home/stage/s3/sft0/val_ckpt/step_000312/adapter",
+                       "model": "/gpu/home/stage/smollm2.gguf"}).encode()
     _parts(tmp_path / "back", {
         "rl0/best/val.json": json.dumps({"step": 40}).encode(),           # travelled without its adapter
         "rl0/ckpt/step_000070/meta.json": meta, "rl0/ckpt/step_000079/meta.json": meta,

@@ -1,12 +1,13 @@
 """Bring one job of bench/gpu/small3_call.sh home: its back.tgz.partNN files into the kept state.
 
-    python bench/gpu/small3_back.py FOLDER_WITH_PARTS [--state results/small3/state] [--stage /root/stage]
+    python bench/gpu/small3_back.py FOLDER_WITH_PARTS [--state results/small3/state] [--stage STAGE]
 
 The job packs the stage folders named by TAR_PATHS (relative to its run folder $STAGE/s3) and cuts the tar into
 15 MB parts. This joins the parts in name order, checks the tar, and for each folder it holds (`rl0`, `r/rl0`, ...):
  - paths written on the GPU machine are rewritten to the kept state's forms: `STAGE/s3/` -> `runs/s3/` and
    `STAGE/smollm2.gguf` -> `~/stage/smollm2.gguf` (in .json and .jsonl files), so the state reads the same
-   whichever machine ran a job;
+   whichever machine ran a job (STAGE: the job's $STAGE, read off the first absolute `.../s3/` path in the
+   folders' JSON unless --stage names it);
  - the stage's stdout.log (the job printed its tail) and a left-over .lock (rundir's writer lock) are dropped;
  - only the newest checkpoint under each `ckpt/` stays (the handoff the next job resumes from);
  - a `best/` that came back with its val.json but no adapter (a job may carry a stage's best/ without its adapter:
@@ -18,6 +19,7 @@ Nothing in the state changes until every check has passed. Prints what it replac
 import argparse
 import io
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -51,7 +53,7 @@ def tidy(folder, stage):
     for p in list(folder.rglob("*")):
         if p.is_file() and p.name in DROP:
             p.unlink()
-        elif p.is_file() and p.suffix in (".json", ".jsonl"):
+        elif stage and p.is_file() and p.suffix in (".json", ".jsonl"):
             text = p.read_text()
             new = text.replace(f"{stage}/s3/", "runs/s3/").replace(f"{stage}/smollm2.gguf", "~/stage/smollm2.gguf")
             if new != text:
@@ -60,6 +62,15 @@ def tidy(folder, stage):
         steps = sorted(d for d in ckpt.iterdir() if d.is_dir() and d.name.startswith("step_"))
         for d in steps[:-1]:
             shutil.rmtree(d)
+
+
+def find_stage(root):
+    """The job's $STAGE: the part before /s3/ of the first absolute path into the run folder in the JSON files."""
+    for p in sorted(root.rglob("*.json*")):
+        m = re.search(r'"(/[^"]*?)/s3/', p.read_text())
+        if m:
+            return m.group(1)
+    return None
 
 
 def best_step(folder):
@@ -73,7 +84,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", help="where the job's back.tgz.partNN files are (searched recursively)")
     p.add_argument("--state", default="results/small3/state", help="the kept state the folders replace")
-    p.add_argument("--stage", default="/root/stage", help="$STAGE on the GPU machine (its paths are rewritten)")
+    p.add_argument("--stage", default=None, help="$STAGE on the GPU machine (its paths are rewritten); default: "
+                                                   "read off the packed JSON files")
     a = p.parse_args(argv)
     data, n = read_parts(a.folder)
     state = Path(a.state)
@@ -84,11 +96,11 @@ def main(argv=None):
                 tar.extractall(root, filter="data")
         except (tarfile.TarError, EOFError, OSError) as e:
             fail(f"{n} part(s) under {a.folder} do not make a whole tar ({e}): is a part missing?")
-        plan = []
+        plan, stage = [], (a.stage or find_stage(root) or "").rstrip("/")
         for f in stage_folders(root):
             rel = f.relative_to(root)
             home = state / rel
-            tidy(f, a.stage.rstrip("/"))
+            tidy(f, stage)
             keep = None
             if (f / "best" / "val.json").is_file() and not (f / "best" / "adapter").exists():
                 if best_step(f) != best_step(home) or not (home / "best" / "adapter").is_dir():
