@@ -46,6 +46,15 @@ def test_parts_replace_the_state_folders(tmp_path):
     assert (state / "r/rl0/log.jsonl").read_text() == '{"step": 50}\n'
 
 
+def test_the_stage_is_read_off_the_model_path_when_the_run_paths_are_relative(tmp_path):
+    state = tmp_path / "state"
+    meta = json.dumps({"out": "runs/s3/rl1", "model": "/home/u/stage/smollm2.gguf"}).encode()
+    _parts(tmp_path / "back", {"rl1/ckpt/step_000019/meta.json": meta})
+    small3_back.main([str(tmp_path / "back"), "--state", str(state)])
+    got = json.loads((state / "rl1/ckpt/step_000019/meta.json").read_text())
+    assert got == {"out": "runs/s3/rl1", "model": "~/stage/smollm2.gguf"}
+
+
 def test_a_best_without_adapter_at_another_step_changes_nothing(tmp_path):
     state = tmp_path / "state"
     _home(state)

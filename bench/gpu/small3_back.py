@@ -6,8 +6,8 @@ The job packs the stage folders named by TAR_PATHS (relative to its run folder $
 15 MB parts. This joins the parts in name order, checks the tar, and for each folder it holds (`rl0`, `r/rl0`, ...):
  - paths written on the GPU machine are rewritten to the kept state's forms: `STAGE/s3/` -> `runs/s3/` and
    `STAGE/smollm2.gguf` -> `~/stage/smollm2.gguf` (in .json and .jsonl files), so the state reads the same
-   whichever machine ran a job (STAGE: the job's $STAGE, read off the first absolute `.../s3/` path in the
-   folders' JSON unless --stage names it);
+   whichever machine ran a job (STAGE: the job's $STAGE, read off the first absolute path to `.../s3/` or
+   `.../smollm2.gguf` in the folders' JSON unless --stage names it);
  - the stage's stdout.log (the job printed its tail) and a left-over .lock (rundir's writer lock) are dropped;
  - only the newest checkpoint under each `ckpt/` stays (the handoff the next job resumes from);
  - a `best/` that came back with its val.json but no adapter (a job may carry a stage's best/ without its adapter:
@@ -65,9 +65,10 @@ def tidy(folder, stage):
 
 
 def find_stage(root):
-    """The job's $STAGE: the part before /s3/ of the first absolute path into the run folder in the JSON files."""
+    """The job's $STAGE: the folder of the first absolute path into its run folder (STAGE/s3/...) or to its model
+    file (STAGE/smollm2.gguf) in the JSON files (the run's own paths are mostly relative: runs/s3/...)."""
     for p in sorted(root.rglob("*.json*")):
-        m = re.search(r'"(/[^"]*?)/s3/', p.read_text())
+        m = re.search(r'"(/[^"]*?)/(?:s3/|smollm2\.gguf")', p.read_text())
         if m:
             return m.group(1)
     return None
