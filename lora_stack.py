@@ -11,8 +11,9 @@ each program takes a block of rows and a block of output columns, forms the rows
 weights' dtype, as the torch form's product is), keeps each row's own adapter's columns, multiplies by its
 block of lb and adds the result to y in place.
 
-kernel_works probes it once per device and dtype against the torch form; fastgen uses it where the probe
-passes (CUDA with Triton; probe.py), and the torch form everywhere else. Of the project's files it imports only
+kernel_works probes it once per device and dtype against the torch form (probe.py); fastgen uses it where its
+FUSED_LORA switch is on and the probe passes (CUDA with Triton), and the torch form everywhere else (the switch is
+off by default: results/rl_throughput.md has the measurement). Of the project's files it imports only
 probe.py.
 """
 import torch

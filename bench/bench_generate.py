@@ -39,9 +39,10 @@ check: each stacked row's leading tokens equal to its one-adapter row's (greedy_
 --fused-lora adds a third timing of the stacked call with its LoRA term as one kernel per linear (lora_stack.py,
 fastgen.FUSED_LORA "auto": where the kernel's probe passes), each of the two stacked modes from a fresh decoder
 state; the JSON's fused_lora_ran says whether the kernel ran. The joint RL experts' rollouts are such calls
-(three adapters, G 4):
+(three adapters, G 4, with the shared-prefix layout on, as fastgen's default is on CUDA):
    python bench/bench_generate.py --teachers 3 --rl-prompts 16 --rl-group 4 --rl-cap 1280 --rl-min 1700 \
-                  --rl-max 6900 --rl-batch 256 --fused-lora --out results/bench_generate_fused_lora.json
+                  --rl-max 6900 --rl-batch 256 --shared-prefix --stacked-only --fused-lora \
+                  --out results/bench_generate_fused_lora.json
 """
 import argparse
 import json
