@@ -1,6 +1,7 @@
 """Whether a Triton kernel may stand in for its torch form on this machine (fastgen's kernels: two_part.py's
-attention, lora_stack.py's LoRA term). Both forms run on a small random case and must agree within a tolerance; where
-they do not, or the kernel does not run on this GPU or build, one line on stderr says why and the torch form runs.
+attention, lora_stack.py's LoRA term, decode_fuse.py's rotary + K/V write and SiLU-mul). Both forms run on a small
+random case and must agree within a tolerance; where they do not, or the kernel does not run on this GPU or build,
+one line on stderr says why and the torch form runs.
 Nothing here imports project files.
 """
 import sys
