@@ -5,8 +5,9 @@ RL and distillation spend most of their time sampling rollouts; this path makes 
 faster than transformers' generate (results/bench.md). common.generate() is the public entry point: it
 renders the chats and calls generate() here on CUDA (or HF generate, the reference, elsewhere). On CPU
 the same code runs eagerly, so the tests compare it with HF without a GPU. Of the project's files it imports
-only fastpack.py (the weights, packed), two_part.py (the shared-prefix attention kernels) and lora_stack.py (the
-stack rule's LoRA term in one kernel); common imports from here (one direction, no cycle).
+only fastpack.py (the weights, packed), two_part.py (the shared-prefix attention kernels), lora_stack.py (the
+stack rule's LoRA term in one kernel) and decode_fuse.py (decode's rotary + K/V write and SiLU-mul kernels); common
+imports from here (one direction, no cycle).
 
 Sections:
   1. what both generation paths share: the Completion record, the stop rule (EOS or the closing code
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import decode_fuse
 import fastpack
 import lora_stack
 import two_part
@@ -116,8 +118,9 @@ def left_pad(batch, pad_id, device):
 # then an exact draw via the exponential race argmax(p / E), E ~ Exp(1) i.i.d. The noise is drawn
 # outside the graph, keyed by (seed, the prompt's index in the call, the token's step) alone: a generator
 # is re-seeded for each block of NOISE_ROWS rows and each step. So a row's tokens depend neither on when
-# graphs were captured nor on how the call is cut into batches (a memory budget, an out-of-memory retry). Bit-identical outputs across runs also need the GPU kernels to be deterministic, which torch
-# does not promise (results/bench.md saw one greedy run of HF vs the fast path part at a near-tie).
+# graphs were captured nor on how the call is cut into batches (a memory budget, an out-of-memory retry).
+# Bit-identical outputs across runs also need the GPU kernels to be deterministic, which torch does not promise
+# (results/bench.md saw one greedy run of HF vs the fast path part at a near-tie).
 
 BUCKET = 256         # attention reads the cache up to the next multiple of this: one graph per bucket
 CHECK_EVERY = 16     # decode steps between the (GPU->CPU sync) checks for finished sequences
@@ -216,6 +219,22 @@ def _fused_lora(st):
     return st["fused_lora"]
 
 
+# Decode's small kernels fused (decode_fuse.py): rotary with the K/V cache writes in one kernel instead of five, and
+# SiLU times up in one instead of two, in every layer without qwen3's q/k norm. Same semantics as FUSED_LORA: False
+# off (the default until a GPU measurement says it pays), True forced (tests), "auto" where the probe passes.
+FUSED_SMALL = False
+
+
+def _fused_small(st):
+    """Whether decode steps of this state use decode_fuse's kernels (probed once per state)."""
+    if "fused_small" not in st:
+        dev, m = st["W"]["embed"].device, st["meta"]
+        auto = FUSED_SMALL == "auto" and dev.type == "cuda"
+        st["fused_small"] = FUSED_SMALL is True or (auto and decode_fuse.kernel_works(dev, m["dtype"], m["hq"],
+                                                                                      m["hkv"], m["d"]))
+    return st["fused_small"]
+
+
 def _select(slot, rows, T):
     """sel for the stack rule: one-hot [len(rows), T] of the adapter each slot row runs (slot["arow"]); None
     when the call folds its adapters (T = 0)."""
@@ -246,10 +265,14 @@ def _qkv(L, m, x, cos, sin, sel=None):
     return qk[:, :hq], qk[:, hq:], v
 
 
-def _mlp(L, m, x, sel=None):
-    """Second half of a layer: x + down(silu(gate(h)) * up(h)), h = norm(x). x [N, H]."""
+def _mlp(L, m, x, sel=None, fuse=False):
+    """Second half of a layer: x + down(silu(gate(h)) * up(h)), h = norm(x). x [N, H]. fuse: silu * up in
+    decode_fuse's kernel (decode steps, _fused_small)."""
     h = _rms(x, L["ln2"], m["eps"])
-    g, u = _lin(h, L["gu"], sel=sel).chunk(2, dim=-1)
+    gu = _lin(h, L["gu"], sel=sel)
+    if fuse:
+        return _lin(decode_fuse.silu_mul_triton(gu), L["down"], residual=x, sel=sel)
+    g, u = gu.chunk(2, dim=-1)
     return _lin(F.silu(g) * u, L["down"], residual=x, sel=sel)
 
 
@@ -324,10 +347,15 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     x = F.embedding(slot["tok"], W["embed"])                                          # [B, H]
     T = len(st["stack"] or ())
     sel = (slot["arow"], T) if T and _fused_lora(st) else _select(slot, slice(None), T)
+    fuse = _fused_small(st)
     for li, L in enumerate(W["layers"]):
-        q, k, v = _qkv(L, m, x, cos, sin, sel)
-        slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
-        slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
+        if fuse and "qkn" not in L:   # rotary and the K/V writes in one kernel (decode_fuse.py)
+            qkv = _lin(_rms(x, L["ln1"], m["eps"]), L["qkv"], sel=sel)
+            q = decode_fuse.rope_write_triton(qkv, cos, sin, slot["k"][li], slot["v"][li], slot["col"])
+        else:
+            q, k, v = _qkv(L, m, x, cos, sin, sel)
+            slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
+            slot["v"][li].index_copy_(2, slot["col"], v[:, :, None])
         kc, vc = slot["k"][li, :, :, :Lb], slot["v"][li, :, :, :Lb]
         if shared:        # the group's prompt once, the row's own tokens, merged by their lse
             att = slot["two_part"](q, slot["pk"][li, :, :, :Pb], slot["pv"][li, :, :, :Pb], slot["plen"],
@@ -339,7 +367,7 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
             p = (torch.matmul(qg, kc.transpose(-1, -2)).float() + bias).softmax(-1).to(qg.dtype)
             att = torch.matmul(p, vc)                                                    # [B, hkv, g, d]
         x = _lin(att.reshape(B, -1), L["o"], residual=x, sel=sel)
-        x = _mlp(L, m, x, sel)
+        x = _mlp(L, m, x, sel, fuse)
     logits = _lin(_rms(x, W["norm"], m["eps"]), W["head"], sel=sel).float()
     if record is not None:
         record.append(logits.clone())

@@ -236,16 +236,18 @@ def test_gpu_free_bytes_applies_the_memory_cap_once(monkeypatch):
 
 
 def test_layering_and_common_reexports():
-    """fastgen imports no project module but fastpack (its packed weights), two_part (its attention kernels) and
-    lora_stack (its stacked-LoRA kernel); fastpack none, the kernel modules only probe (their kernels' check against
-    the torch forms), probe none (common imports fastgen: one direction); and the names callers use through common
-    are fastgen's own objects (FastUnsupported is fastpack's, as fastgen names it)."""
+    """fastgen imports no project module but fastpack (its packed weights), two_part (its attention kernels),
+    lora_stack (its stacked-LoRA kernel) and decode_fuse (its rotary + K/V write and SiLU-mul kernels); fastpack
+    none, the kernel modules only probe (their kernels' check against the torch forms), probe none (common imports
+    fastgen: one direction); and the names callers use through common are fastgen's own objects (FastUnsupported is
+    fastpack's, as fastgen names it)."""
     import ast
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     project = {p.stem for p in root.glob("*.py")}
-    for name, allowed in (("fastgen", {"fastpack", "two_part", "lora_stack"}), ("fastpack", set()),
-                          ("two_part", {"probe"}), ("lora_stack", {"probe"}), ("probe", set())):
+    for name, allowed in (("fastgen", {"fastpack", "two_part", "lora_stack", "decode_fuse"}), ("fastpack", set()),
+                          ("two_part", {"probe"}), ("lora_stack", {"probe"}), ("decode_fuse", {"probe"}),
+                          ("probe", set())):
         tree = ast.parse((root / f"{name}.py").read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
