@@ -43,6 +43,10 @@ state; the JSON's fused_lora_ran says whether the kernel ran. The joint RL exper
    python bench/bench_generate.py --teachers 3 --rl-prompts 16 --rl-group 4 --rl-cap 1280 --rl-min 1700 \
                   --rl-max 6900 --rl-batch 256 --shared-prefix --stacked-only --fused-lora \
                   --out results/bench_generate_fused_lora.json
+--fused-small (any case) runs decode steps with decode_fuse.py's kernels (rotary + K/V write, SiLU-mul;
+fastgen.FUSED_SMALL "auto": where their probe passes); the JSON's fused_small says whether it was asked for,
+fused_small_ran whether the kernels ran. A/B: the same command with and without it, on one machine, e.g.
+   python bench/bench_generate.py --random-shape smollm2 --batches 64,256 [--fused-small] --out ...
 """
 import argparse
 import json
@@ -276,6 +280,13 @@ def teachers_round(args, model, tok, device):
             "fused_speedup": round(per_call["stacked"] / per_call["stacked_fused"], 3) if fused else None}
 
 
+def fused_small_info(args, model):
+    """--fused-small as asked, and whether the decoder's states ran decode_fuse's kernels (None: no state left)."""
+    states = [st for st in map(fastpack.hf_causal_lm(model).__dict__.get, fastgen._STATE_KEYS) if st is not None]
+    return {"fused_small": args.fused_small,
+            "fused_small_ran": any(st.get("fused_small") for st in states) if states else None}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
@@ -296,6 +307,8 @@ def main():
     ap.add_argument("--stacked-only", action="store_true", help="--teachers: skip the one-adapter-at-a-time calls")
     ap.add_argument("--fused-lora", action="store_true",
                     help="--teachers: also time the stacked call with lora_stack's one-kernel LoRA term (the probe decides)")
+    ap.add_argument("--fused-small", action="store_true",
+                    help="decode steps with decode_fuse's rotary/K-V write and SiLU-mul kernels (the probe decides)")
     ap.add_argument("--batches", default="1,16,64,256", help="comma-separated batch sizes")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per sequence")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (RL rollouts: 1.0)")
@@ -306,13 +319,14 @@ def main():
     if args.teachers and not args.lora_r:
         ap.error("--teachers needs --lora-r > 0 (the teachers are LoRA adapters beside the active one)")
     model, tok, device, prompt = bench_model(args)
+    fastgen.FUSED_SMALL = "auto" if args.fused_small else False
     case = ((teachers_round, "results/bench_generate_teachers.json") if args.teachers else
             (rl_round, "results/bench_generate_rl.json") if args.rl_round else None)
     if case:                    # a case of its own: its rows, written to its own default file
         fn, default_out = case
         out = args.out if args.out != ap.get_default("out") else default_out
         write_json(out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
-                         "top_p": args.top_p, **fn(args, model, tok, device),
+                         "top_p": args.top_p, **fn(args, model, tok, device), **fused_small_info(args, model),
                          "command": "python " + " ".join(sys.argv)})
         return
     N = args.new_tokens
@@ -352,7 +366,7 @@ def main():
     print(f"greedy agreement (leading tokens equal, of {greedy['max_new_tokens']}): {agree}")
     write_json(args.out, {**run_info(args, model, device, prompt), "temperature": args.temperature,
                           "top_p": args.top_p, "shared_prefix": args.shared_prefix, "rows": rows,
-                          "greedy_agreement": agree})
+                          "greedy_agreement": agree, **fused_small_info(args, model)})
 
 
 def run_info(args, model, device, prompt):

@@ -29,6 +29,7 @@ def test_bench_generate_tiny(tmp_path):
     assert all(row["fast_tok_s"] > 0 and row["hf_tok_s"] > 0 for row in r["rows"])
     assert r["greedy_agreement"] == [8, 8, 8, 8]              # fp32 on CPU: the two paths agree fully
     assert set(r["git"]) == {"commit", "dirty"}                 # which code ran is recorded
+    assert r["fused_small"] is False and r["fused_small_ran"] is False
 
 
 def test_bench_generate_teachers_tiny(tmp_path):
@@ -53,16 +54,18 @@ def test_bench_generate_teachers_tiny(tmp_path):
 
 def test_bench_generate_fused_lora_modes(tmp_path):
     """--fused-lora --stacked-only: the stacked call timed with the torch form and with the fused kernel's setting
-    (off the GPU its probe fails, so the torch form runs and the JSON says so), the same tokens kept per row."""
+    (off the GPU its probe fails, so the torch form runs and the JSON says so), the same tokens kept per row; so
+    does --fused-small."""
     out = tmp_path / "fused.json"
     run(ROOT / "bench" / "bench_generate.py", "--tiny", "--lora-r", "4", "--teachers", "2", "--rl-prompts", "2",
         "--rl-group", "1", "--rl-cap", "10", "--rl-min", "60", "--rl-max", "90", "--rl-calls", "2", "--temperature",
-        "0", "--stacked-only", "--fused-lora", "--out", out)
+        "0", "--stacked-only", "--fused-lora", "--fused-small", "--out", out)
     r = json.loads(out.read_text())
     assert [(c["mode"], c["call"]) for c in r["calls"]] == [("stacked", 0), ("stacked", 1), ("stacked_fused", 0),
                                                               ("stacked_fused", 1)]
     assert len({c["new_tokens"] for c in r["calls"]}) == 1 and r["speedup"] is None and r["fused_speedup"] > 0
     assert r["fused_lora_ran"] is False and set(r["steady_s_per_round"]) == {"stacked", "stacked_fused"}
+    assert r["fused_small"] is True and r["fused_small_ran"] is False      # asked for; its probe fails off the GPU
     assert r["model"] == "tiny"
 
 
