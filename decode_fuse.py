@@ -137,11 +137,14 @@ def kernel_works(device, dtype, hq, hkv, d):
     if key not in _KERNEL_OK:
         ok = False
         if triton is not None and torch.device(device).type == "cuda" and d % 2 == 0:
-            gen = torch.Generator(device=device).manual_seed(0)
-            r = lambda *s: torch.randn(*s, generator=gen, device=device).to(dtype)   # noqa: E731
             N, L = 37, 300
 
+            def randn(seed):
+                gen = torch.Generator(device=device).manual_seed(seed)
+                return lambda *s: torch.randn(*s, generator=gen, device=device).to(dtype)
+
             def rope():
+                r = randn(0)
                 qkv, cos, sin = r(N, (hq + 2 * hkv) * d), r(N, 1, d), r(N, 1, d)
                 kc, vc = r(N, hkv, L, d), r(N, hkv, L, d)
                 col = torch.tensor([L // 2 + 1], device=device)
@@ -152,7 +155,7 @@ def kernel_works(device, dtype, hq, hkv, d):
                 return run(rope_write_triton), run(rope_write_torch)
 
             def silu():
-                gu = r(N, 2000)
+                gu = randn(1)(N, 2000)
                 return silu_mul_triton(gu), silu_mul_torch(gu)
             ok = probe.agrees("rotary/K-V write kernel", rope, dtype) and probe.agrees("SiLU-mul kernel", silu, dtype)
         _KERNEL_OK[key] = ok
