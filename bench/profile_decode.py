@@ -10,6 +10,7 @@ A/B against another version of the decoder (e.g. the last commit's):
      (CPU): python bench/profile_decode.py --tiny --batch 4 --new-tokens 8
 RL's shape, 16 distinct long prompts of 4 rows each (prefill_s then runs 16 prompts, not 1):
             python bench/profile_decode.py --model ... --batch 64 --group 4 --prompt-tokens 4500
+decode_fuse's kernels against the torch forms: the same command with and without --fused-small.
 
 Same prompt, LoRA adapter and sampling as bench_generate.py (temperature 1, stop rules off).
 - prefill_s: a call that generates 1 token (prefill of the whole batch + the first sample).
@@ -66,7 +67,7 @@ def main():
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import fastgen
-    from bench_generate import add_model_args, bench_model, rl_prompts, run_info, timed, write_json
+    from bench_generate import add_model_args, bench_model, fused_small_info, rl_prompts, run_info, timed, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
@@ -81,6 +82,9 @@ def main():
                     help="rows per prompt: batch/group distinct prompts of about the prompt's length, each "
                          "repeated this many times (RL's groups: prefill runs each distinct prompt once); "
                          "0: every row the same prompt")
+    ap.add_argument("--fused-small", action="store_true",
+                    help="decode with decode_fuse's rotary/K-V write and SiLU-mul kernels (fastgen.FUSED_SMALL "
+                         "auto: where their probe passes); the A/B is the same command without it")
     ap.add_argument("--top", type=int, default=20, help="kernels listed")
     ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
     args = ap.parse_args()
@@ -89,6 +93,8 @@ def main():
     if args.group and (args.group < 2 or B % args.group):
         sys.exit(f"profile_decode.py: --group {args.group} must be >= 2 and divide --batch {B}")
     model, tok, device, prompt = bench_model(args)
+    if args.fused_small:
+        fastgen.FUSED_SMALL = "auto"
     if args.prompt_tokens:
         prompt = rl_prompts(tok, 1, args.prompt_tokens, args.prompt_tokens)[0]
     prompts = [prompt] * B
@@ -126,7 +132,7 @@ def main():
 
     result = {**run_info(args, model, device, prompt), "decoder": args.decoder or "fastgen.py",
               "batch": B, "new_tokens": N, "prompt_tokens": max(len(p) for p in prompts),
-              "group": args.group, "first_call_s": round(first_s, 3),
+              "group": args.group, **fused_small_info(args, model), "first_call_s": round(first_s, 3),
               "prefill_s": round(statistics.median(short), 4), "step_ms": round(step_ms, 3),
               "tok_s": round(B * 1000 / step_ms, 1) if step_ms > 0 else None,
               "profiled_steps": S, "launches_per_step": round(launches, 1),

@@ -91,6 +91,7 @@ def test_profile_decode_tiny_and_ab(tmp_path):
     assert r["step_ms"] is not None and r["prefill_s"] > 0
     assert r["launches_per_step"] > 10 and r["kernels"] and r["kernels"][0]["us_per_step"] > 0
     assert "aten::" in " ".join(k["name"] for k in r["kernels"])    # CPU: ops stand in for kernels
+    assert r["fused_small"] is False and r["fused_small_ran"] is False
     assert "step" in text and f"wrote {out}" in text
     copy = tmp_path / "fastgen_copy.py"
     copy.write_text((ROOT / "fastgen.py").read_text() + "\nprint('profiling the copy of fastgen.py')\n")
