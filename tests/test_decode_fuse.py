@@ -116,6 +116,31 @@ for arch, shared in (("llama", False), ("llama", True), ("qwen3", False)):
     assert outs[True] == outs[False], (arch, shared, outs)
     for a, b in zip(recs[True], recs[False]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+# rows that end at different steps (checked every 2 steps, the slot compacts to smaller row buckets), both layouts
+fastgen.CHECK_EVERY = 2
+model, tok = common.tiny_model(0)
+chats = [common.chat_ids(tok, m) for m in MSGS] * 2
+for shared in (False, True):
+    fastgen.SHARED_PREFIX = shared
+    outs = {}
+    for fused in (False, True):
+        fastgen.free_fast_cache(model)
+        fastgen.FUSED_SMALL = fused
+        outs[fused] = [c.completion_ids for c in fastgen.generate(model, tok, chats, **{**kw, "max_new_tokens": 14},
+                                                                  max_lens=[2, 14, 5, 3, 9, 14])]
+    assert outs[True] == outs[False] and sorted({len(o) for o in outs[True]}) != [14], (shared, outs)
+# rows of three adapters in one call (the stack rule), with lora_stack's kernel too
+from test_fastgen_stack import _three_adapters
+pm, tok = _three_adapters()
+fastgen.SHARED_PREFIX = False
+outs = {}
+for fused in (False, True):
+    fastgen.free_fast_cache(pm)
+    fastgen.FUSED_SMALL = fastgen.FUSED_LORA = fused
+    outs[fused] = [c.completion_ids for c in fastgen.generate(
+        pm, tok, chats, **kw, adapters=["wide", "default", "attn", "attn", "wide", "default"])]
+    assert fastgen.fastpack.hf_causal_lm(pm).__dict__["_chorus_fast_stack"]["fused_small"] is fused
+assert outs[True] == outs[False], outs
 print("ok")
 '''
 
