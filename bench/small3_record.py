@@ -2,7 +2,9 @@
 stage's validation table and step statistics, the reward pilot's two rl0 arms side by side, the rollout
 temperature sweep (state/sweep/T*/: evaluate.py's metrics.json and samples.jsonl, plain or gzipped, per
 temperature), later stages' picks on the sweep's tasks and decoding (state/refine/STAGE/, the same files) and the
-evaluations kept so far (state/eval*/NAME/metrics.json: the reporting, skill and synthetic test splits).
+evaluations kept so far (state/eval*/NAME/metrics.json: the reporting, skill and synthetic test splits), by model
+(`models` -> NAME -> skill -> pass@1), the four claims on each split whose claim models have been evaluated, and the
+run's goal on the skill split.
 Re-run it as the run goes on; results/small3_run.md quotes its numbers.
 
 Run: python bench/small3_record.py [--state results/small3/state] [--out results/small3_run.json]
@@ -19,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import claims  # noqa: E402  (the paper's four claims from eval folders)
 import score  # noqa: E402  (the kit's reward of a result dict)
 VAL_KEYS = ("val/reward", "val/reward_se", "val/pass@1", "val/cov@1", "val/syn_pass", "val/loss")
 STEP_KEYS = ("reward", "pass_rate", "coverage", "compile_rate", "entropy", "clip_ratio/low", "clip_ratio/high",
@@ -188,6 +191,50 @@ def evaluations(state):
     return out
 
 
+SPLIT_KEYS = {"eval": "reporting", "eval_skill": "skill", "eval_syn": "synthetic_test"}    # models' keys
+
+
+def models(evals):
+    """{NAME: {split: headline}}: each evaluated model's numbers by split (skill, reporting, synthetic_test). pass@1
+    is the protocol's (the last refinement round: 1 + 3 rounds on the skill and reporting splits), with its 95 %
+    interval; direct_pass@1 is round 0's."""
+    out = {}
+    for sub, names in evals.items():
+        for name, e in names.items():
+            out.setdefault(name, {})[SPLIT_KEYS[sub]] = {
+                "pass@1": e["agentic"]["pass@1"], "pass@1_ci95": e["agentic"]["pass@1_ci95"],
+                "direct_pass@1": e["direct"]["pass@1"], "cov@1": e["agentic"]["cov@1"], "n": e["n"],
+                "rounds": e["rounds"], "tasks": e["tasks"]}
+    return out
+
+
+def split_claims(state):
+    """{split: claims.claims(the split's eval folder)}: the four claims with paired bootstrap intervals and verdicts,
+    for each split where a claim's models (sft0-2, rl0-2, soup, opd, opd_nogate) have been evaluated."""
+    import claims
+    out = {}
+    for sub in SPLITS:
+        folder = state / sub
+        names = [n for group in claims.CLAIM_MODELS.values() for n in group] + ["soup", "opd", "opd_nogate"]
+        if any((folder / n / "metrics.json").is_file() for n in names):
+            out[SPLIT_KEYS[sub]] = {**claims.claims(folder), "eval_dir": f"state/{sub}"}
+    return out
+
+
+def goal(table):
+    """The run's bar on the skill split (points of Pass@1, the protocol's rounds): the best expert at least 20, gated
+    OPD at least the best expert (point estimates; claims (c)/(d) carry the intervals). None until rl0-rl2 have
+    skill numbers."""
+    sk = {n: m["skill"]["pass@1"] for n, m in table.items() if "skill" in m}
+    if not all(n in sk for n in ("rl0", "rl1", "rl2")):
+        return None
+    best = max(("rl0", "rl1", "rl2"), key=sk.get)
+    out = {"best_expert": best, "best_expert_pass@1": sk[best], "best_expert_at_least_20": sk[best] >= 20.0}
+    if "opd" in sk:
+        out.update({"opd_pass@1": sk["opd"], "opd_at_least_best_expert": sk["opd"] >= sk[best]})
+    return out
+
+
 def refine_status(samples):
     """What became of the refinements of states that ran: the scorer's status of each round r >= 1 answer whose
     state (round `state_round`) finished its run, counted (a hole can only be fixed by an answer that runs)."""
@@ -221,6 +268,9 @@ def record(state):
     if (state / "refine").is_dir():
         rec["refine"] = summaries(state / "refine")
     rec["evaluations"] = evaluations(state)
+    rec["models"] = models(rec["evaluations"])
+    rec["claims"] = split_claims(state)
+    rec["goal"] = goal(rec["models"])
     return rec
 
 

@@ -189,3 +189,40 @@ STATE = ROOT / "results" / "small3" / "state"
 def test_the_committed_record_is_the_kept_states():
     """results/small3_run.json is what the script makes of results/small3/state today: no figure edited by hand."""
     assert json.loads((ROOT / "results" / "small3_run.json").read_text()) == small3_record.record(STATE)
+
+
+def _model_metrics(passes, n=5, cov=50.0):
+    """metrics.json of a model evaluated on len(passes) skill tasks, n samples each (passes[i] of task i pass)."""
+    per = {f"t{i}": {"samples": n, "passes": p, "pass_rate": 100.0 * p / n, "cov_mean": cov, "skill": True}
+           for i, p in enumerate(passes)}
+    rate = 100.0 * sum(passes) / (n * len(passes))
+    head = {"pass@1": rate, "pass@5": rate, "cov@1": cov, "syn_pass": 100.0, "pass@1_ci95": [0.0, rate],
+            "per_task": per}
+    return {"n": n, "rounds": 3, "num_tasks": len(passes), "direct": {**head, "pass@1": rate / 2}, "agentic": head}
+
+
+def test_models_claims_and_the_goal_once_the_models_are_evaluated(tmp_path):
+    s = _state(tmp_path)
+    table = {"sft0": [0, 0, 1, 0], "sft1": [2, 0, 0, 0], "sft2": [0, 1, 0, 0], "rl0": [1, 0, 1, 0],
+             "rl1": [2, 1, 0, 0], "rl2": [0, 2, 0, 1], "soup": [2, 1, 1, 0], "opd": [3, 2, 1, 1],
+             "opd_nogate": [1, 1, 0, 0]}
+    for name, passes in table.items():
+        _write(s / f"eval_skill/{name}/metrics.json", _model_metrics(passes))
+    rec = small3_record.record(s)
+    assert rec["models"]["rl1"]["skill"] == {"pass@1": 15.0, "pass@1_ci95": [0.0, 15.0], "direct_pass@1": 7.5,
+                                             "cov@1": 50.0, "n": 5, "rounds": 3, "tasks": 4}
+    assert rec["models"]["random"]["skill"]["pass@1"] == 0.0 and "reporting" not in rec["models"]["rl1"]
+    assert rec["goal"] == {"best_expert": "rl1", "best_expert_pass@1": 15.0, "best_expert_at_least_20": False,
+                           "opd_pass@1": 35.0, "opd_at_least_best_expert": True}
+    c = rec["claims"]["skill"]
+    assert list(rec["claims"]) == ["skill"] and c["eval_dir"] == "state/eval_skill" and c["missing"] == []
+    assert sorted(c["claims"]) == ["a", "b", "c", "d"] and c["means"]["opd"] == 35.0
+    assert all(row["verdict"] in ("holds", "does not hold", "inconclusive") for row in c["claims"].values())
+    assert c == {**small3_record.claims.claims(s / "eval_skill"), "eval_dir": "state/eval_skill"}
+
+
+def test_no_goal_before_every_expert_has_skill_numbers(tmp_path):
+    s = _state(tmp_path)
+    _write(s / "eval_skill/rl0/metrics.json", _model_metrics([1, 0, 0, 0]))
+    rec = small3_record.record(s)
+    assert rec["goal"] is None and rec["claims"]["skill"]["missing"] == ["a", "b", "c", "d"]
