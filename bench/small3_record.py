@@ -58,6 +58,24 @@ def step_stats(log, upto=None):
     return out
 
 
+TREND_KEYS = ("reward", "reward_r1", "reward_r2", "pass_rate", "coverage", "compile_rate", "completions/mean_length",
+              "entropy")
+
+
+def trend(log, size=10, upto=None):
+    """The training rows' means per window of `size` steps (steps 1-10, 11-20, ...; up to step `upto`): how the
+    reward's parts move (round 1 and round 2, runs, passes, coverage, answer length) as RL goes on."""
+    every = [r for r in rows(log) if not r.get("val") and (upto is None or r["step"] <= upto)]
+    out = []
+    for a in range(1, max((r["step"] for r in every), default=0) + 1, size):
+        win = [r for r in every if a <= r["step"] < a + size]
+        means = {k: round(statistics.mean(v), 4) for k in TREND_KEYS
+                 if (v := [r[k] for r in win if r.get(k) is not None])}
+        if means:
+            out.append({"steps": [a, min(a + size - 1, max(r["step"] for r in win))], **means})
+    return out
+
+
 def data_counts(state):
     with tarfile.open(state / "data.tgz") as tar:
         read = lambda name: json.load(tar.extractfile(f"data/{name}"))             # noqa: E731
@@ -254,13 +272,14 @@ def record(state):
         rec["data2"] = self_induced(state / "data2")
     for arm, folder in pilot_folders(state).items():     # up to the pick's step: the chosen arm goes on as rl0
         log = state / folder / "log.jsonl"
-        rec["pilot"][arm] = {"folder": folder, "val": val_table(log, REWARD_STEP), **step_stats(log, REWARD_STEP)}
+        rec["pilot"][arm] = {"folder": folder, "val": val_table(log, REWARD_STEP), **step_stats(log, REWARD_STEP),
+                             "trend": trend(log, upto=REWARD_STEP)}
     rec["reward_pick"] = pick_reward(rec["pilot"])
     for name in ("rl0", "rl1", "rl2"):          # the experts (rl0: the pilot's chosen arm, from step 0)
         log = state / name / "log.jsonl"
         if log.is_file():
             rec.setdefault("experts", {})[name] = {"done": (state / name / "done.json").is_file(), "val": val_table(log),
-                                                   **step_stats(log)}
+                                                   **step_stats(log), "trend": trend(log)}
     if (state / "sweep").is_dir():
         rec["sweep"] = summaries(state / "sweep", "T")
         if "1.0" in rec["sweep"]:
