@@ -109,6 +109,7 @@ def test_the_record_reads_the_state(tmp_path):
     assert task["entropy_median"] == 0.1 and over["entropy_median"] == 0.3      # step 1 is left out of the medians
     assert task["t_gen_median"] == 3.0 and task["steps"] == 3 and task["wall_s"] == 15.5
     assert task["wall_s_per_step"] == round(15.5 / 3, 2)
+    assert task["trend"] == [{"steps": [1, 3], "entropy": 3.0667}]     # every step of the window, step 1 too
     assert over["val"] == [{"step": 3, "val/reward": 1.25, "val/pass@1": 25.0}]
     t13 = rec["sweep"]["1.3"]
     assert t13["tasks"] == 4 and t13["zero_spread"] == 0.5 and t13["direct"]["pass@2"] == 50.0   # a and c
