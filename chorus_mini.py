@@ -1,6 +1,6 @@
 """chorus-mini: the whole CHORUS pipeline in one command, plus the kit's everyday commands.
 
-    python chorus_mini.py run --profile smoke                    # everything at a tiny budget on CPU (make demo)
+    python chorus_mini.py run --profile smoke                    # everything at a tiny budget on CPU (make smoke)
     python chorus_mini.py run --profile small --only rl0 rl1     # some stages alone (a GPU session does a few)
     python report.py --out runs/smoke                            # rebuild OUT/report/ from the stage folders
 

@@ -2,7 +2,7 @@
 budget, model, data sizes, stage hyperparameters); `--set key=value` changes one, checked here against the type
 the profiles give the key and its range, so a bad value is one line before any stage runs.
 
-  PROFILES                    name -> settings (smoke: `make demo` on CPU; small, small2, small3: the GPU runs;
+  PROFILES                    name -> settings (smoke: `make smoke` on CPU; small, small2, small3: the GPU runs;
                               4b: a Qwen3-4B-class model on a 24 GB card)
   apply_overrides(c, items)   c with each "key=value" applied, or SystemExit with one line
 
@@ -20,7 +20,7 @@ from data import teacher
 # Profiles: every knob of a run, in one place. Override any value with --set key=value.
 
 PROFILES = {
-    # `make demo`: the whole pipeline on 2 CPU cores in <= 30 min. The numbers mean nothing; it checks
+    # `make smoke`: the whole pipeline on 2 CPU cores in <= 30 min. The numbers mean nothing; it checks
     # that every stage runs and that the report is produced.
     "smoke": {
         # model

@@ -2,7 +2,7 @@
 
 Run (GPU; about 5 minutes on an H200, one command):
     python bench/bench_4b.py --out results/bench_4b.json
-    python bench/bench_4b.py --render results/bench_4b.json > results/bench.md     # table only
+    python bench/bench_4b.py --render results/bench_4b.json     # the table only (results/bench.md quotes it)
 CPU smoke run of the same code paths at toy size (tests/test_bench_4b.py runs it):
     python bench/bench_4b.py --tiny --out out/bench_tiny.json
 
