@@ -180,7 +180,7 @@ FIGURES = [
            "2 CPU cores, about {} minutes"),
     Figure("results/small2_run.md", md(r"Peak GPU memory \(`result.json`, reserved\): ([\d-]+) GiB"),
            "{} GiB reserved per RL stage"),
-    Figure("results/demo.md", md(r"Latest measurement, [\d-]+ \(commit (\w+)"), "at commit {}, before the"),
+    Figure("results/demo.md", md(r"Latest measurement, [\d-]+ \(commit (\w+)"), "at commit {} and wrote"),
     Figure("results/demo.md", md(r"(?s)Latest measurement.*?wall \*\*(\d+ min \d+ s)\*\*", 1), "The last measurement took {}"),
     Figure("results/demo.md", md(r"(?s)Latest measurement.*?wall \*\*(\d+ min \d+ s)\*\*", 1), "| 2 CPU cores | {} |"),
     Figure("results/demo.md", smoke_rss, "under {} GiB RSS"),
