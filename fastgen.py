@@ -210,13 +210,18 @@ def _lin(x, G, residual=None, sel=None):
     return y
 
 
+def _kernel_on(st, key, switch, works):
+    """A Triton kernel switch (FUSED_LORA, FUSED_SMALL) decided once per decoder state: True forces it, "auto" takes
+    it on CUDA where works(device, meta) (the kernel's probe) passes, anything else keeps the torch form."""
+    if key not in st:
+        dev = st["W"]["embed"].device
+        st[key] = switch is True or (switch == "auto" and dev.type == "cuda" and works(dev, st["meta"]))
+    return st[key]
+
+
 def _fused_lora(st):
-    """Whether decode steps of this stacked state add the LoRA term with lora_stack's kernel (probed once)."""
-    if "fused_lora" not in st:
-        W, m = st["W"], st["meta"]
-        st["fused_lora"] = FUSED_LORA is True or (FUSED_LORA == "auto" and W["embed"].device.type == "cuda"
-                                                  and lora_stack.kernel_works(W["embed"].device, m["dtype"]))
-    return st["fused_lora"]
+    """Whether decode steps of this stacked state add the LoRA term with lora_stack's kernel."""
+    return _kernel_on(st, "fused_lora", FUSED_LORA, lambda dev, m: lora_stack.kernel_works(dev, m["dtype"]))
 
 
 # Decode's small kernels fused (decode_fuse.py): rotary with the K/V cache writes in one kernel instead of five, and
@@ -226,13 +231,9 @@ FUSED_SMALL = False
 
 
 def _fused_small(st):
-    """Whether decode steps of this state use decode_fuse's kernels (probed once per state)."""
-    if "fused_small" not in st:
-        dev, m = st["W"]["embed"].device, st["meta"]
-        auto = FUSED_SMALL == "auto" and dev.type == "cuda"
-        st["fused_small"] = FUSED_SMALL is True or (auto and decode_fuse.kernel_works(dev, m["dtype"], m["hq"],
-                                                                                      m["hkv"], m["d"]))
-    return st["fused_small"]
+    """Whether decode steps of this state use decode_fuse's kernels."""
+    return _kernel_on(st, "fused_small", FUSED_SMALL,
+                      lambda dev, m: decode_fuse.kernel_works(dev, m["dtype"], m["hq"], m["hkv"], m["d"]))
 
 
 def _select(slot, rows, T):
@@ -251,11 +252,15 @@ def _rope(x, cos, sin_signed):
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)
 
 
+def _qkv_proj(L, m, x, sel=None):
+    """The q, k and v heads of one layer side by side, before any rotary: qkv(norm(x)). x [N, H]."""
+    return _lin(_rms(x, L["ln1"], m["eps"]), L["qkv"], sel=sel)
+
+
 def _qkv(L, m, x, cos, sin, sel=None):
     """Attention input of one layer. x [N, H] -> q [N, hq, d], k, v [N, hkv, d] (normed, rotated).
     q and k heads are normed and rotated together (one set of kernels instead of two); sin: signed (_rope)."""
-    h = _rms(x, L["ln1"], m["eps"])
-    qkv = _lin(h, L["qkv"], sel=sel)
+    qkv = _qkv_proj(L, m, x, sel)
     hq, hkv, d = m["hq"], m["hkv"], m["d"]
     qk = qkv[:, :(hq + hkv) * d].view(-1, hq + hkv, d)
     v = qkv[:, (hq + hkv) * d:].view(-1, hkv, d)
@@ -350,8 +355,8 @@ def _decode_step(st, slot, Lb, temperature, top_p, record=None):
     fuse = _fused_small(st)
     for li, L in enumerate(W["layers"]):
         if fuse and "qkn" not in L:   # rotary and the K/V writes in one kernel (decode_fuse.py)
-            qkv = _lin(_rms(x, L["ln1"], m["eps"]), L["qkv"], sel=sel)
-            q = decode_fuse.rope_write_triton(qkv, cos, sin, slot["k"][li], slot["v"][li], slot["col"])
+            q = decode_fuse.rope_write_triton(_qkv_proj(L, m, x, sel), cos, sin, slot["k"][li], slot["v"][li],
+                                              slot["col"])
         else:
             q, k, v = _qkv(L, m, x, cos, sin, sel)
             slot["k"][li].index_copy_(2, slot["col"], k[:, :, None])
