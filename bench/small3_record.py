@@ -209,7 +209,7 @@ def evaluations(state):
     return out
 
 
-SPLIT_KEYS = {"eval": "reporting", "eval_skill": "skill", "eval_syn": "synthetic_test"}    # models' keys
+SPLIT_KEYS = {sub: label.replace(" ", "_") for sub, label in SPLITS.items()}    # models' keys
 
 
 def models(evals):
