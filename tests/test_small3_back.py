@@ -46,6 +46,28 @@ def test_parts_replace_the_state_folders(tmp_path):
     assert (state / "r/rl0/log.jsonl").read_text() == '{"step": 50}\n'
 
 
+def test_a_best_adapter_folder_that_came_back_empty_keeps_the_states(tmp_path):
+    """The job's carry held best/adapter/ without its files (small3_pieces hides them), so the folder came back
+    empty: it counts as no adapter, and the state's adapter stays."""
+    import io
+    import tarfile
+    state = tmp_path / "state"
+    _home(state)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("rl0/best/adapter")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        for name, text in {"rl0/best/val.json": b'{"step": 40}', "rl0/log.jsonl": b'{"step": 79}\n'}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back/back.tgz.part00").write_bytes(buf.getvalue())
+    assert small3_back.main([str(tmp_path / "back"), "--state", str(state)]) == 0
+    assert (state / "rl0/best/adapter/adapter_model.safetensors").read_text() == "home best"
+
+
 def test_the_stage_is_read_off_the_model_path_when_the_run_paths_are_relative(tmp_path):
     state = tmp_path / "state"
     meta = json.dumps({"out": "runs/s3/rl1", "model": "/home/u/stage/smollm2.gguf"}).encode()

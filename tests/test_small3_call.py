@@ -48,7 +48,8 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     env = {**os.environ, "STAGE": str(stage), "OUT": str(out), "STATE": str(state), "ADAPTERS": str(adapters),
            "CARRY": str(tmp_path / "no_carry"),
            "LINK": str(tmp_path / "runs/s3"), "TAR_PATHS": "sft0 rl0"}
-    cmd = 'echo "$STAGED $CHORUS_DEADLINE" > $OUT/env.txt; echo "$RUN" > $OUT/run.txt; touch runs_s3_made'
+    cmd = ('echo "$STAGED $CHORUS_DEADLINE" > $OUT/env.txt; echo "$RUN" > $OUT/run.txt; touch runs_s3_made; '
+           'mkdir -p $STAGE/s3/rl0/ckpt/step_000040 && echo {} > $STAGE/s3/rl0/ckpt/step_000040/meta.json')
     t0 = time.time()
     proc = subprocess.run(["bash", str(ROOT / "bench/gpu/small3_call.sh"), "100", cmd.replace("runs_s3_made",
                           str(tmp_path / "runs/s3/made"))], capture_output=True, text=True, env=env, timeout=60)
@@ -67,7 +68,8 @@ def test_a_job_restores_the_run_runs_and_packs_back(tmp_path):
     assert f"model={stage / 'smollm2.gguf'}" in (out / "run.txt").read_text()
     with tarfile.open(out / "back.tgz.part00") as tar:
         names = tar.getnames()
-    assert "sft0/result.json" in names and "rl0/ckpt/step_000033/meta.json" in names
+    assert "sft0/result.json" in names and "rl0/ckpt/step_000040/meta.json" in names
+    assert not any("step_000033" in n for n in names)                # only the newest checkpoint travels back
     assert not any(n.endswith("optimizer.pt") for n in names)
 
 

@@ -103,7 +103,8 @@ def main(argv=None):
             home = state / rel
             tidy(f, stage)
             keep = None
-            if (f / "best" / "val.json").is_file() and not (f / "best" / "adapter").exists():
+            came = f / "best" / "adapter"   # a folder the job's carry emptied counts as none
+            if (f / "best" / "val.json").is_file() and not (came.is_dir() and any(came.iterdir())):
                 if best_step(f) != best_step(home) or not (home / "best" / "adapter").is_dir():
                     fail(f"{rel}: best/ came back without its adapter at step {best_step(f)}, and the state's best/ "
                          f"is step {best_step(home)}: nothing changed")
@@ -111,6 +112,7 @@ def main(argv=None):
             plan.append((f, home, keep, rel))
         for f, home, keep, rel in plan:
             if keep is not None:
+                shutil.rmtree(f / "best" / "adapter", ignore_errors=True)
                 shutil.copytree(keep, f / "best" / "adapter")
             if home.exists():
                 shutil.rmtree(home)

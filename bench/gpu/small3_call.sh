@@ -13,7 +13,8 @@
 # 3. COMMANDS run under $CHORUS_DEADLINE = start + LIMIT_S - PACK_S (30 s: sft.py, rl.py and distill.py stop
 #    between steps and checkpoint, leaving time to pack); $RUN is `chorus_mini.py run --profile small3 --out runs/s3` with the run's settings.
 # 4. TAR_PATHS (relative to the run folder) come back as $OUT/back.tgz.partNN, 15 MB each, without optimizer.pt
-#    (the kept checkpoints are handoffs: bf16 adapter + meta, resumed with fresh Adam moments). A path that is not
+#    and with only the newest checkpoint of each ckpt/ (the kept checkpoints are handoffs: bf16 adapter + meta,
+#    resumed with fresh Adam moments). A path that is not
 #    there is named and fails the job. The job's exit status is the commands' (75: a stage stopped at the deadline).
 # Sizes, for a cap of 64 MiB a job: the checkout without results/ is ~2.5 MB, the bundle (wheels with the model,
 # .debs) ~100 MB (`bundle --part-size 40M`: three jobs), data.tgz 14 MB, each published SFT adapter 10 MB, each
@@ -98,8 +99,14 @@ if [ -n "${TAR_PATHS:-}" ]; then
   for p in $TAR_PATHS; do
     if [ -e "$STAGE/s3/$p" ]; then have+=("$p"); else echo "small3_call: TAR_PATHS names $p, not in the run folder"; [ "$rc" -eq 0 ] && rc=1; fi
   done
+  # only each ckpt/'s newest checkpoint travels (the handoff small3_back.py keeps): three experts' older ones
+  # would take the parts past what a job may bring back
+  old=()
+  while IFS= read -r d; do
+    while IFS= read -r c; do old+=("--exclude=$c"); done < <(cd "$STAGE/s3" && ls -d "$d"/step_* 2>/dev/null | sort | head -n -1)
+  done < <(cd "$STAGE/s3" && find "${have[@]}" -type d -name ckpt)
   if [ ${#have[@]} -gt 0 ]; then
-    (cd "$STAGE/s3" && tar czf "$STAGE/back.tgz" --exclude=optimizer.pt "${have[@]}") \
+    (cd "$STAGE/s3" && tar czf "$STAGE/back.tgz" --exclude=optimizer.pt --anchored "${old[@]}" "${have[@]}") \
       && split -b 15M -d "$STAGE/back.tgz" "$OUT/back.tgz.part" && ls -l "$OUT" || { echo "small3_call: packing failed"; rc=1; }
   fi
 fi
