@@ -13,7 +13,7 @@ block of lb and adds the result to y in place.
 
 kernel_works probes it once per device and dtype against the torch form (probe.py); fastgen uses it where its
 FUSED_LORA switch is on and the probe passes (CUDA with Triton), and the torch form everywhere else (the switch is
-off by default: results/rl_throughput.md has the measurement). Of the project's files it imports only
+"auto" by default: results/rl_throughput.md has the measurement). Of the project's files it imports only
 probe.py.
 """
 import torch

@@ -84,7 +84,7 @@ def main():
                          "0: every row the same prompt")
     ap.add_argument("--fused-small", action="store_true",
                     help="decode with decode_fuse's rotary/K-V write and SiLU-mul kernels (fastgen.FUSED_SMALL "
-                         "auto: where their probe passes); the A/B is the same command without it")
+                         "auto: where their probe passes); the A/B is the same command without it (off)")
     ap.add_argument("--top", type=int, default=20, help="kernels listed")
     ap.add_argument("--out", default="results/profile_decode.json", help="JSON output path")
     args = ap.parse_args()
@@ -93,8 +93,7 @@ def main():
     if args.group and (args.group < 2 or B % args.group):
         sys.exit(f"profile_decode.py: --group {args.group} must be >= 2 and divide --batch {B}")
     model, tok, device, prompt = bench_model(args)
-    if args.fused_small:
-        fastgen.FUSED_SMALL = "auto"
+    fastgen.FUSED_SMALL = "auto" if args.fused_small else False    # the A/B: without the flag, off
     if args.prompt_tokens:
         prompt = rl_prompts(tok, 1, args.prompt_tokens, args.prompt_tokens)[0]
     prompts = [prompt] * B

@@ -45,6 +45,7 @@ def test_the_torch_form_is_the_decoders_own(T, K, N):
 def test_off_the_gpu_the_decoder_keeps_the_torch_form():
     assert not lora_stack.kernel_works("cpu", torch.float32)
     st = {"W": {"embed": torch.zeros(2, 2)}, "meta": {"dtype": torch.float32}}
+    assert fastgen.FUSED_LORA == "auto"                  # on where the probe passes: never on a CPU
     assert fastgen._fused_lora(st) is False and st["fused_lora"] is False
 
 
