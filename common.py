@@ -986,7 +986,7 @@ def adapter_seed(seed, name):
 
 
 def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0, top_p=1.0, seed=0,
-             batch_size=64, fast=None, adapters=None, stack=None, seeds=None):
+             batch_size=64, fast=None, adapters=None, stack=None, seeds=None, on_done=None):
     """Sample one completion per chat in messages_list (repeat a chat for n samples) with the model's
     active adapter. Chats are rendered with add_generation_prompt=True and left padded in batches.
     Each sequence stops at EOS or at the closing ``` of its code block. Deterministic given seed.
@@ -1002,7 +1002,9 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     stacked state, and graphs, stay across calls naming different subsets; fastgen.generate).
     seeds: with adapters, one seed or None per chat: on the HF path the rows of one (adapter, seed) pair are a call of
     their own with that seed (None: the rule above), so their samples do not depend on the other rows of the call
-    (distill.py's teachers answer a prompt alike for every student); the fast path keeps its one call and seed."""
+    (distill.py's teachers answer a prompt alike for every student); the fast path keeps its one call and seed.
+    on_done(k, completion): called once per chat k when its answer is ready: on the fast path as its row finishes
+    (fastgen.generate's), on the HF path after the (sub)call that made it. The returned list holds the same objects."""
     if not messages_list:
         return []
     if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
@@ -1025,11 +1027,16 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
     try:
         if use_fast:
             try:
-                return fastgen.generate(model, tok, prompts, adapters=adapters, stack=stack, **kwargs)
+                return fastgen.generate(model, tok, prompts, adapters=adapters, stack=stack, on_done=on_done,
+                                        **kwargs)
             except FastUnsupported as e:
                 print(f"[common] fast generation unsupported ({e}); using HF generate")
+        send = on_done or (lambda k, c: None)
         if adapters is None:
-            return _generate_hf(model, tok, prompts, **kwargs)
+            out = _generate_hf(model, tok, prompts, **kwargs)
+            for k, c in enumerate(out):
+                send(k, c)
+            return out
         out, active = [None] * len(prompts), getattr(model, "active_adapter", None)
         keys = list(zip(adapters, seeds or [None] * len(adapters)))
         for name, own in dict.fromkeys(keys):
@@ -1039,6 +1046,7 @@ def generate(model, tok, messages_list, *, max_new_tokens=1024, temperature=1.0,
                 done = _generate_hf(model, tok, [prompts[i] for i in rows], **{**kwargs, "seed": call_seed})
                 for i, c in zip(rows, done):
                     out[i] = c
+                    send(i, c)
         return out
     finally:
         model.train(was_training)

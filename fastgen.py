@@ -614,7 +614,8 @@ def _gpu_free_bytes(device):
 
 
 def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, batch_size,
-             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None, adapters=None, stack=None):
+             ignore_stop=False, graphs=None, record=None, max_lens=None, budget=None, adapters=None, stack=None,
+             on_done=None):
     """Fast path (fastpack's weight rule). prompts: list of id lists -> list[Completion].
     graphs: None = CUDA graphs on CUDA; record: a list collecting per-step logits [B, V] of each batch
     (tests; rows that have left the batch are NaN); max_lens: optional per-prompt caps on new tokens
@@ -625,7 +626,10 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     adapters: one adapter name per prompt (peft adapters loaded on the model): each row runs its own in one
     call (the stack rule, section 3) instead of the active adapter folded in; rows of one prompt and one adapter
     share their prefill and prefix. stack: more adapters to stack beside the rows' (a caller whose calls name
-    different subsets of its adapters keeps one stacked state, and its graphs, across them)."""
+    different subsets of its adapters keeps one stacked state, and its graphs, across them).
+    on_done(k, completion): called once per prompt k as soon as its row has finished (seen at the decode loop's
+    stop check, every CHECK_EVERY steps), the rest at their batch's end, so a caller can score early answers while
+    the longest rows still decode; the returned list holds the same Completion objects."""
     if stack is not None and (adapters is None or isinstance(stack, str)):
         raise ValueError("stack: a list of adapter names, beside adapters (one per prompt)")
     if adapters is not None:
@@ -653,7 +657,12 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
     use_graphs = device.type == "cuda" if graphs is None else graphs
     eos, ticks = stop_sets(model, tok)
     gen = torch.Generator(device=device)
-    out = []
+    out, sent = [], {}               # sent: prompt index -> the Completion on_done got (a retried batch keeps it)
+
+    def send(k, c):
+        if k not in sent:
+            sent[k] = c
+            on_done(k, c)
     i, most = 0, batch_size          # most: rows per batch, lowered for good by an out-of-memory event
     while i < len(prompts):
         batch = prompts[i:i + most]
@@ -666,7 +675,8 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
             caps = None if max_lens is None else max_lens[i:i + n]
             done = _fast_batch(st, slot, tok, batch, P, device, gen, seed, i, max_new_tokens, temperature, top_p,
                                eos, ticks, ignore_stop, use_graphs, record, caps,
-                               None if arows is None else arows[i:i + n])
+                               None if arows is None else arows[i:i + n],
+                               None if on_done is None else (lambda b, c, i=i: send(i + b, c)))
         except torch.OutOfMemoryError:
             if len(batch) == 1:
                 raise
@@ -681,6 +691,10 @@ def generate(model, tok, prompts, *, max_new_tokens, temperature, top_p, seed, b
                 torch.cuda.synchronize(device)
                 torch.cuda.empty_cache()
             continue
+        if on_done is not None:
+            for b, c in enumerate(done):
+                send(i + b, c)
+            done = [sent[i + b] for b in range(len(done))]
         out += done
         i += n
     return out
@@ -869,7 +883,9 @@ def _compact(st, slot, keep, C, m, pads):
 
 
 def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens, temperature, top_p, eos,
-                ticks, ignore_stop, use_graphs, record, caps, arows=None):
+                ticks, ignore_stop, use_graphs, record, caps, arows=None, emit=None):
+    """One batch's prefill and decode loop -> its Completions; emit(b, completion): row b's as soon as the stop
+    check sees it finished."""
     B, R = len(batch), _row_bucket(len(batch))
     arow = torch.tensor(arows or [0] * B, dtype=torch.long, device=device)   # each row's adapter (stack rule)
     ids, mask = left_pad(batch, tok.pad_token_id, device)
@@ -911,6 +927,8 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
         moved = False                         # rows have moved (compaction)
         stops, checked = [None] * B, 0
         host = [[] for _ in range(B)]
+        ended = {}                            # row -> its Completion, made when its stop was seen (emit)
+        cap_of = (lambda b: max_new_tokens) if caps is None else (lambda b: caps[b])
         n = 1
         while n < n_max:
             c = (0 if carve else P - shift) + n - 1                             # column written this step
@@ -952,6 +970,11 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
                         stops[b] = find_stop(tok, host[b], eos, ticks, start=checked)
                     if stops[b] is None and caps is not None and n >= caps[b]:
                         stops[b] = caps[b] - 1
+                    if emit is not None and stops[b] is not None and b not in ended:
+                        # the cut needs no token past the stop, so this is the Completion the batch's end makes
+                        ended[b] = cut_completion(tok, batch[b], host[b][:cap_of(b)], eos, ticks, cap_of(b),
+                                                  ignore_stop)
+                        emit(b, ended[b])
                 checked = n
                 running = [j for j, b in enumerate(live) if stops[b] is None]
                 if not running:
@@ -971,6 +994,6 @@ def _fast_batch(st, slot, tok, batch, P, device, gen, seed, row0, max_new_tokens
         rows_ids = tokens[:, :n].tolist()
     STATS["capture_s"] += capture_s
     STATS["decode_s"] += time.perf_counter() - t_prefilled - capture_s
-    caps = caps or [max_new_tokens] * B
-    return [cut_completion(tok, p, rows_ids[b][:caps[b]], eos, ticks, caps[b], ignore_stop)
+    return [ended[b] if b in ended else cut_completion(tok, p, rows_ids[b][:cap_of(b)], eos, ticks, cap_of(b),
+                                                       ignore_stop)
             for b, p in enumerate(batch)]

@@ -26,6 +26,8 @@ class JointGenerate:
     once and each of them gets it: the teachers' answers to a prompt the students share are decoded once. They
     follow the policies' rows in the call; on the HF path they are one call whose rows of one (adapter, seed) run
     apart with that seed (common.generate's seeds), so each policy gets the rows it would sample alone.
+    A policy's on_done (common.generate's) hears of each of its answers as it finishes, numbered as in what its call
+    returns (its rows, then its beside rows); a beside row several policies share reaches each of them.
 
         joint = JointGenerate(model, tok, ["expert0", "expert1"])
         gen = joint.member("expert0")      # make_model_source(gen=...), called from that policy's thread
@@ -36,7 +38,7 @@ class JointGenerate:
         self.stack = list(names)         # the fast path's stacked adapters: the policies', then the beside rows'
         self.cv = threading.Condition()
         self.rolling = set()             # policies inside their rollouts
-        self.waiting = {}                # name -> (messages_list, kw, beside) of its waiting call
+        self.waiting = {}                # name -> (messages_list, kw, beside, on_done) of its waiting call
         self.answers = {}                # name -> completions, or the exception of its call
         self.calls = []                  # [(names in the call, rows)] (tests, logs)
         self.beside = []                 # [(beside rows asked, beside rows run)] per call
@@ -51,9 +53,9 @@ class JointGenerate:
             self._maybe_run()
 
     def member(self, name):
-        def gen(model, tok, messages_list, beside=None, **kw):
+        def gen(model, tok, messages_list, beside=None, on_done=None, **kw):
             with self.cv:
-                self.waiting[name] = (messages_list, kw, beside)
+                self.waiting[name] = (messages_list, kw, beside, on_done)
                 self._maybe_run()
                 while name not in self.answers:
                     self.cv.wait()
@@ -93,6 +95,16 @@ class JointGenerate:
             rows, where = self._shared_rows(names, batch)
             self.beside.append((sum(map(len, where.values())), len(rows)))
             more, adapters, seeds = (list(x) for x in zip(*rows)) if rows else ([], [], [])
+            sends = {n: batch[n][3] for n in names if batch[n][3] is not None}   # each policy's on_done
+            # a shared row reaches every policy that asked for it, at its place in that policy's answers
+            to_shared = {}
+            for n in sends:
+                for j, r in enumerate(where[n]):
+                    to_shared.setdefault(r, []).append((n, len(batch[n][0]) + j))
+
+            def send_shared(r, c):
+                for n, k in to_shared.get(r, ()):
+                    sends[n](k, c)
             if common.fast_path(self.model, self.fast):
                 msgs = [m for n in names for m in batch[n][0]] + more
                 # every policy's adapter stacked, whoever waits: one decoder state and its graphs for all calls;
@@ -101,8 +113,16 @@ class JointGenerate:
                 kw = {**batch[names[0]][1]}
                 kw["batch_size"] = kw.get("batch_size", 64) * len(names)
                 own_rows = [n for n in names for _ in batch[n][0]]
+                place = [(n, k) for n in names for k in range(len(batch[n][0]))]   # call row -> (policy, its row)
+
+                def send(i, c):
+                    if i >= len(place):
+                        send_shared(i - len(place), c)
+                    elif place[i][0] in sends:
+                        sends[place[i][0]](place[i][1], c)
                 out = common.generate(self.model, self.tok, msgs, adapters=own_rows + adapters,
-                                      seeds=[None] * len(own_rows) + seeds, stack=self.stack, fast=self.fast, **kw)
+                                      seeds=[None] * len(own_rows) + seeds, stack=self.stack, fast=self.fast,
+                                      on_done=send if sends else None, **kw)
                 at = 0
                 for n in names:
                     own[n] = out[at:at + len(batch[n][0])]
@@ -111,9 +131,10 @@ class JointGenerate:
             else:
                 for n in names:
                     with common.use_adapter(self.model, n):
-                        own[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast, **batch[n][1])
+                        own[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
+                                                 on_done=batch[n][3], **batch[n][1])
                 shared = common.generate(self.model, self.tok, more, adapters=adapters, seeds=seeds, fast=self.fast,
-                                         **batch[names[0]][1]) if rows else []
+                                         on_done=send_shared if to_shared else None, **batch[names[0]][1]) if rows else []
             for n in names:
                 self.answers[n] = list(own[n]) + [shared[i] for i in where[n]]
         except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)

@@ -106,8 +106,10 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                        rounds=2, chunk_size=1, build_fn=None, refine_fn=None):
     """Sample and score `rounds` groups per task. Returns (groups, timings).
 
-    generate_fn(messages_list, seed) -> list of objects with .text, .prompt_ids, .completion_ids,
-        .truncated (common.Completion); one completion per entry.
+    generate_fn(messages_list, seed, on_done) -> list of objects with .text, .prompt_ids, .completion_ids,
+        .truncated (common.Completion); one completion per entry. on_done(k, completion) (common.generate's): a
+        row's answer as soon as it has finished, so its simulation starts while longer rows still decode; rows
+        it never got are scored when the call returns.
     score_fn(task, completion) -> a zero-argument callable that waits for and returns a Score
         (so the simulation of one chunk runs while the next chunk generates).
     seed_fn(round, task_index) -> the generation seed of a chunk whose first task has that index.
@@ -133,20 +135,26 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                 worst = states[(t, rnd)] = worst_sample(finish(t, rnd - 1))
                 msgs = refine_fn(tasks[t], worst.text, feedback_result(worst.score.result))
             messages_list += [msgs] * G
+        owner = [t for t in chunk for _ in range(G)]
+        scored = {}                                # call row -> (Sample, wait), made as the row finishes
+
+        def on_done(k, c):
+            if k not in scored:
+                t = owner[k]
+                sample = Sample(tasks[t].get("id", str(t)), rnd, messages_list[k], c.text, list(c.prompt_ids),
+                                list(c.completion_ids), bool(c.truncated), None)
+                scored[k] = (sample, score_fn(tasks[t], c))
         t0, fast0 = time.perf_counter(), dict(fastgen.STATS)
-        completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]))
+        completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]), on_done)
         dt = time.perf_counter() - t0
         timings["t_gen"] += dt
         timings[f"t_gen_r{rnd}"] += dt
         for k, v in fastgen.STATS.items():         # the fast decoder's share (0 on the HF path)
             timings[f"t_{k[:-2]}"] += v - fast0[k]
+        for k, c in enumerate(completions):
+            on_done(k, c)
         for j, t in enumerate(chunk):
-            entry = []
-            for c, msgs in zip(completions[j * G:(j + 1) * G], messages_list[j * G:(j + 1) * G]):
-                sample = Sample(tasks[t].get("id", str(t)), rnd, msgs, c.text, list(c.prompt_ids),
-                                list(c.completion_ids), bool(c.truncated), None)
-                entry.append((sample, score_fn(tasks[t], c)))
-            pending[(t, rnd)] = entry
+            pending[(t, rnd)] = [scored[k] for k in range(j * G, (j + 1) * G)]
 
     def finish(t, rnd):
         """Wait for the scores of (task, round); returns its samples."""
@@ -227,13 +235,15 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     process: a JointGenerate's member; with extra, it takes beside=(messages, adapter names, seeds) and returns the
     policy's completions, then the extra rows')."""
     def source(model, tok, tasks, *, step, first_index):
-        def generate_fn(messages_list, call_seed):
+        def generate_fn(messages_list, call_seed, on_done=None):
             model.eval()
             kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=call_seed,
-                      batch_size=gen_batch_size)
+                      batch_size=gen_batch_size, on_done=on_done)
             if extra is None:
                 return (gen or common.generate)(model, tok, messages_list, **kw)
             more, names, seeds, take = extra(messages_list, call_seed)
+            n = len(messages_list)           # the extra rows follow the policy's: on_done hears of the policy's
+            kw["on_done"] = on_done and (lambda k, c: on_done(k, c) if k < n else None)
             out = (gen or generate_beside)(model, tok, messages_list, beside=(more, names, seeds), **kw)
             take(out[len(messages_list):])
             return out[:len(messages_list)]

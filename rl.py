@@ -11,7 +11,8 @@ Algorithm, per step (one optimizer update per rollout batch by default):
  2. Round 1: G samples per prompt from the initial prompt (temperature 1.0). Round 2: the WORST
     round-1 sample (reward, ties broken by coverage) plus its scorer feedback becomes the
     memoryless state (common.refine_messages); G more samples. Each round is its own group.
-    Simulation of one chunk of prompts overlaps the generation of the next (simpool.SimPool).
+    Simulation of one chunk of prompts overlaps the generation of the next (simpool.SimPool), and each
+    answer's simulation starts as soon as its row finishes decoding (common.generate's on_done).
  3. Reward R = 1 + coverage (0..1) when the testbench parses, compiles and runs with coverage,
     else 0 (sim.reward; unparseable answers get 0 without simulating).
  4. Advantage A = (R - mean_group) / (std_group + 1e-6), std with unbiased=False, same for every
