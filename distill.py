@@ -188,11 +188,13 @@ def make_joint_teachers(score_fn, teachers, *, num_samples, group_size, scores=N
     Returns (extra, teacher_source): teacher_source scores the stashed answers to each group's prompt, with
     make_teacher_source's return shape. A prompt asked twice in a step (two groups of one task across an epoch's
     end) keeps both sets of answers, one per group, in order. scores: a dict the students of one process share,
-    so an answer they share is scored once (the caller empties it after each step)."""
-    stash = {}
+    so an answer they share is scored once (the caller empties it after each step). Given the rows' tasks, extra's
+    done submits each answer's simulation as its row finishes decoding; teacher_source then only waits."""
+    stash, own = {}, {}                   # own: the answers scored so far when no shared `scores` dict is given
+    memo = scores if scores is not None else own
     key = lambda messages: json.dumps(messages, sort_keys=True)          # noqa: E731
 
-    def extra(messages_list, call_seed):
+    def extra(messages_list, call_seed, tasks=None):
         if len(messages_list) % group_size:
             raise ValueError(f"joint teachers: {len(messages_list)} rows are not prompts x {group_size} samples")
         prompts = messages_list[::group_size]        # the rollouts repeat each prompt group_size times in a row
@@ -206,20 +208,21 @@ def make_joint_teachers(score_fn, teachers, *, num_samples, group_size, scores=N
             for j, m in enumerate(prompts):
                 stash.setdefault(key(m), []).append(
                     [completions[i * n + j * num_samples:i * n + (j + 1) * num_samples] for i in range(len(teachers))])
-        return more, names, seeds, take
+
+        def done(r, c):                              # extra row r: teacher r // n, prompt (r % n) // num_samples
+            score(tasks[(r % n) // num_samples * group_size], c)
+        return more, names, seeds, take, (done if tasks is not None else None)
 
     def score(task, c):
-        if scores is None:
-            return score_fn(task, c)
-        if id(c) not in scores:                      # the answer object itself is kept, so its id stays its own
+        if id(c) not in memo:                        # the answer object itself is kept, so its id stays its own
             wait, got = score_fn(task, c), []
 
             def once():
                 if not got:
                     got.append(wait())
                 return got[0]
-            scores[id(c)] = (c, once)
-        return scores[id(c)][1]
+            memo[id(c)] = (c, once)
+        return memo[id(c)][1]
 
     def teacher_source(model, tok, groups, group_tasks, names, *, step):
         if list(names) != list(teachers):
@@ -233,6 +236,7 @@ def make_joint_teachers(score_fn, teachers, *, num_samples, group_size, scores=N
         t0 = time.perf_counter()
         rewards = [[[w().reward for w in ws] for ws in per_teacher] for per_teacher in waits]
         stash.clear()                                 # one step's answers: the next step's prompts are others
+        own.clear()
         return rewards, {"t_gen": 0.0, "t_sim": time.perf_counter() - t0}
     return extra, teacher_source
 

@@ -106,10 +106,11 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                        rounds=2, chunk_size=1, build_fn=None, refine_fn=None):
     """Sample and score `rounds` groups per task. Returns (groups, timings).
 
-    generate_fn(messages_list, seed, on_done) -> list of objects with .text, .prompt_ids, .completion_ids,
+    generate_fn(messages_list, seed, on_done, tasks) -> list of objects with .text, .prompt_ids, .completion_ids,
         .truncated (common.Completion); one completion per entry. on_done(k, completion) (common.generate's): a
         row's answer as soon as it has finished, so its simulation starts while longer rows still decode; rows
-        it never got are scored when the call returns.
+        it never got are scored when the call returns. tasks: each row's task (rows beside the policy's, as
+        make_model_source's extra adds, can be scored early with them).
     score_fn(task, completion) -> a zero-argument callable that waits for and returns a Score
         (so the simulation of one chunk runs while the next chunk generates).
     seed_fn(round, task_index) -> the generation seed of a chunk whose first task has that index.
@@ -145,7 +146,8 @@ def two_round_rollouts(tasks, *, generate_fn, score_fn, num_generations, seed_fn
                                 list(c.completion_ids), bool(c.truncated), None)
                 scored[k] = (sample, score_fn(tasks[t], c))
         t0, fast0 = time.perf_counter(), dict(fastgen.STATS)
-        completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]), on_done)
+        completions = generate_fn(messages_list, seed_fn(rnd, first_index + chunk[0]), on_done,
+                                  [tasks[t] for t in owner])
         dt = time.perf_counter() - t0
         timings["t_gen"] += dt
         timings[f"t_gen_r{rnd}"] += dt
@@ -227,23 +229,31 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     answer_mode: the prompts of both rounds (harness.first_messages / refine_state_messages; give the
     score_fn the same mode).
     extra: more rows for each generate call, run after the policy's in the same call under other adapters
-    (distill.py's teachers on the student's prompts): extra(messages_list, call_seed) -> (messages, adapter names,
-    seeds, take), and take(their completions). The policy's rows keep their samples (they come first, under the
+    (distill.py's teachers on the student's prompts): extra(messages_list, call_seed, tasks) -> (messages, adapter
+    names, seeds, take, done), take(their completions) after the call, and done(j, completion) (or None) as extra
+    row j finishes (tasks: each policy row's task, for scoring them early). The policy's rows keep their samples (they come first, under the
     active adapter and the call's seed); on the HF path each (adapter, seed) of the extra rows is a call of its own
     (common.generate's seeds).
     gen: what samples instead of common.generate(model, tok, messages_list, **kw) (several policies in one
     process: a JointGenerate's member; with extra, it takes beside=(messages, adapter names, seeds) and returns the
     policy's completions, then the extra rows')."""
     def source(model, tok, tasks, *, step, first_index):
-        def generate_fn(messages_list, call_seed, on_done=None):
+        def generate_fn(messages_list, call_seed, on_done=None, row_tasks=None):
             model.eval()
             kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=call_seed,
                       batch_size=gen_batch_size, on_done=on_done)
             if extra is None:
                 return (gen or common.generate)(model, tok, messages_list, **kw)
-            more, names, seeds, take = extra(messages_list, call_seed)
-            n = len(messages_list)           # the extra rows follow the policy's: on_done hears of the policy's
-            kw["on_done"] = on_done and (lambda k, c: on_done(k, c) if k < n else None)
+            more, names, seeds, take, done = extra(messages_list, call_seed, row_tasks)
+            n = len(messages_list)           # the extra rows follow the policy's: each hears of its own
+
+            def route(k, c):
+                if k >= n:
+                    if done is not None:
+                        done(k - n, c)
+                elif on_done is not None:
+                    on_done(k, c)
+            kw["on_done"] = route if on_done or done else None
             out = (gen or generate_beside)(model, tok, messages_list, beside=(more, names, seeds), **kw)
             take(out[len(messages_list):])
             return out[:len(messages_list)]

@@ -459,7 +459,7 @@ def test_joint_teachers_keep_one_set_of_answers_per_group_of_a_repeated_prompt()
     answer = lambda text: SimpleNamespace(text=text)                                       # noqa: E731
     seeds = []
     for call_seed, text in ((5, "x"), (6, "yy")):   # two calls, each with the prompt twice (the student's G = 2)
-        more, names, row_seeds, take = extra([msgs, msgs], call_seed)
+        more, names, row_seeds, take, _ = extra([msgs, msgs], call_seed)
         assert more == [msgs] and names == ["teacher0"]
         seeds += row_seeds
         take([answer(text)])

@@ -157,7 +157,7 @@ def test_task_order_is_a_seeded_permutation_per_epoch():
 # rollouts with a scripted policy and scorer (no model)
 
 def _scripted_generate(calls):
-    def generate_fn(messages_list, seed, on_done=None):
+    def generate_fn(messages_list, seed, on_done=None, tasks=None):
         calls.append((seed, [m[-1]["content"] for m in messages_list]))
         n = len(calls)
         return [SimpleNamespace(text=f"c{n}.{i}", prompt_ids=[1, 2], completion_ids=[3] * (i + 1), truncated=False)
@@ -260,7 +260,7 @@ def test_rollout_metrics_count_refinements_that_cover_their_states_holes():
 def test_two_round_rollouts_keep_the_state_each_refinement_saw():
     """Round 2's group carries the round-1 sample its prompt showed (the worst), round 1's none."""
     rewards = iter([1.2, 0.0, 1.5, 1.7])
-    gen = lambda msgs, seed, on_done: [common.Completion(f"a{i}", [1], [2], False) for i in range(len(msgs))]
+    gen = lambda msgs, seed, on_done, tasks: [common.Completion(f"a{i}", [1], [2], False) for i in range(len(msgs))]
     score = lambda task, c: (lambda r=next(rewards, 1.0): Score(r, "ok", r - 1, result={"status": "ok"}))
     groups, _ = onpolicy.two_round_rollouts([{"id": "t"}], generate_fn=gen, score_fn=score, num_generations=2,
                                             seed_fn=lambda r, i: 0, build_fn=lambda t: ["p"],

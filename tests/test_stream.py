@@ -136,7 +136,7 @@ def test_rollouts_score_each_row_when_heard():
     def run(stream):
         log = []
 
-        def gen(msgs, seed, on_done):
+        def gen(msgs, seed, on_done, tasks):
             out = [common.Completion(f"{m[-1]}{i}", [1], [2] * (i + 1), False) for i, m in enumerate(msgs)]
             if stream:
                 for k in reversed(range(len(out))):
@@ -171,7 +171,7 @@ def test_model_source_hands_the_rollouts_only_the_policys_rows(monkeypatch):
             on_done(k, out[k])
         return out
     taken = []
-    extra = lambda msgs, seed: (["m"] * 3, ["t"] * 3, [1] * 3, taken.append)     # noqa: E731
+    extra = lambda msgs, seed, tasks: (["m"] * 3, ["t"] * 3, [1] * 3, taken.append, None)     # noqa: E731
     score = lambda task, c: seen.append(c.text) or (lambda: Score(1.0, "ok", 0.0, result={"status": "ok"}))  # noqa: E731
     source = onpolicy.make_model_source(score, num_generations=2, max_new_tokens=4, seed=0, rounds=1, extra=extra,
                                         gen=gen)
@@ -179,3 +179,33 @@ def test_model_source_hands_the_rollouts_only_the_policys_rows(monkeypatch):
     groups, _ = source(SimpleNamespace(eval=lambda: None), None, [{"id": "t"}], step=0, first_index=0)
     assert seen == ["p1", "p0"] and [c.text for c in taken[0]] == ["x0", "x1", "x2"]
     assert [s.text for s in groups[0].samples] == ["p0", "p1"]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_joint_teachers_score_each_answer_as_its_row_finishes(shared):
+    """distill.make_joint_teachers' done: a teacher answer handed on during the call is submitted then, with its
+    prompt's task, and teacher_source only waits for it (each answer simulated once, with or without the students'
+    shared scores dict); the rewards equal those of answers scored at the end."""
+    import distill
+    submitted = []
+
+    def score_fn(task, c):
+        submitted.append((task["id"], c.text))
+        return lambda: Score(1.0 + len(c.text) / 10, "ok", 0.0, result={"status": "ok"})
+    extra, teacher_source = distill.make_joint_teachers(score_fn, ["t0", "t1"], num_samples=2, group_size=2,
+                                                        scores={} if shared else None)
+    ma, mb = [{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]
+    tasks = [{"id": "A"}, {"id": "A"}, {"id": "B"}, {"id": "B"}]
+    more, names, _, take, done = extra([ma, ma, mb, mb], 0, tasks)
+    assert names == ["t0"] * 4 + ["t1"] * 4 and more == [ma, ma, mb, mb] * 2
+    answers = [SimpleNamespace(text="x" * (k + 1)) for k in range(8)]
+    for r in (6, 1, 4):                                # three rows finish early: t1's b, t0's a, t1's a
+        done(r, answers[r])
+    assert submitted == [("B", "x" * 7), ("A", "xx"), ("A", "x" * 5)]
+    take(answers)
+    groups = [SimpleNamespace(samples=[SimpleNamespace(messages=m, task_id=t["id"])]) for m, t in ((ma, tasks[0]),
+                                                                                                   (mb, tasks[2]))]
+    rewards, _ = teacher_source(None, None, groups, [tasks[0], tasks[2]], ["t0", "t1"], step=0)
+    assert sorted(submitted) == sorted((t, "x" * (k + 1)) for k, t in enumerate("AABBAABB"))   # each once
+    assert rewards == [[[1.1, 1.2], [1.5, 1.6]], [[1.3, 1.4], [1.7, 1.8]]]
+    assert extra([ma, ma], 1)[4] is None               # without the rows' tasks nothing is scored early
