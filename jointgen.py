@@ -133,8 +133,9 @@ class JointGenerate:
                     with common.use_adapter(self.model, n):
                         own[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
                                                  on_done=batch[n][3], **batch[n][1])
-                shared = common.generate(self.model, self.tok, more, adapters=adapters, seeds=seeds, fast=self.fast,
-                                         on_done=send_shared if to_shared else None, **batch[names[0]][1]) if rows else []
+                shared = [] if not rows else common.generate(
+                    self.model, self.tok, more, adapters=adapters, seeds=seeds, fast=self.fast,
+                    on_done=send_shared if to_shared else None, **batch[names[0]][1])
             for n in names:
                 self.answers[n] = list(own[n]) + [shared[i] for i in where[n]]
         except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)

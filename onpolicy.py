@@ -231,9 +231,9 @@ def make_model_source(score_fn, *, num_generations, max_new_tokens, seed, rounds
     extra: more rows for each generate call, run after the policy's in the same call under other adapters
     (distill.py's teachers on the student's prompts): extra(messages_list, call_seed, tasks) -> (messages, adapter
     names, seeds, take, done), take(their completions) after the call, and done(j, completion) (or None) as extra
-    row j finishes (tasks: each policy row's task, for scoring them early). The policy's rows keep their samples (they come first, under the
-    active adapter and the call's seed); on the HF path each (adapter, seed) of the extra rows is a call of its own
-    (common.generate's seeds).
+    row j finishes (tasks: each policy row's task, for scoring them early). The policy's rows keep their samples
+    (they come first, under the active adapter and the call's seed); on the HF path each (adapter, seed) of the
+    extra rows is a call of its own (common.generate's seeds).
     gen: what samples instead of common.generate(model, tok, messages_list, **kw) (several policies in one
     process: a JointGenerate's member; with extra, it takes beside=(messages, adapter names, seeds) and returns the
     policy's completions, then the extra rows')."""

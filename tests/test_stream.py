@@ -172,7 +172,10 @@ def test_model_source_hands_the_rollouts_only_the_policys_rows(monkeypatch):
         return out
     taken = []
     extra = lambda msgs, seed, tasks: (["m"] * 3, ["t"] * 3, [1] * 3, taken.append, None)     # noqa: E731
-    score = lambda task, c: seen.append(c.text) or (lambda: Score(1.0, "ok", 0.0, result={"status": "ok"}))  # noqa: E731
+
+    def score(task, c):
+        seen.append(c.text)
+        return lambda: Score(1.0, "ok", 0.0, result={"status": "ok"})
     source = onpolicy.make_model_source(score, num_generations=2, max_new_tokens=4, seed=0, rounds=1, extra=extra,
                                         gen=gen)
     monkeypatch.setattr(onpolicy.harness, "first_messages", lambda t, mode: [t["id"]])
