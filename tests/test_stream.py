@@ -212,3 +212,21 @@ def test_joint_teachers_score_each_answer_as_its_row_finishes(shared):
     assert sorted(submitted) == sorted((t, "x" * (k + 1)) for k, t in enumerate("AABBAABB"))   # each once
     assert rewards == [[[1.1, 1.2], [1.5, 1.6]], [[1.3, 1.4], [1.7, 1.8]]]
     assert extra([ma, ma], 1)[4] is None               # without the rows' tasks nothing is scored early
+
+
+def test_the_gpu_check_passes_on_the_tiny_model(tmp_path):
+    """bench/gpu/stream_check.py (the same checks on a GPU's default decoder path) on CPU: every row heard once, the
+    returned objects, equal tokens, and most rows heard before the call ends."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench/gpu/stream_check.py"
+    spec = importlib.util.spec_from_file_location("stream_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "sc.json"
+    assert mod.main(["--shape", "tiny", "--rows", "12", "--out", str(out)]) == 0
+    import json
+    rec = json.loads(out.read_text())
+    assert rec["ok"] and all(c["heard_before_end"] >= 6 and not c["in_order"] for c in rec["cases"].values())
+    with pytest.raises(SystemExit, match="multiple of 4"):
+        mod.main(["--rows", "10"])
