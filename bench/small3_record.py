@@ -25,7 +25,8 @@ import claims  # noqa: E402  (the paper's four claims from eval folders)
 import score  # noqa: E402  (the kit's reward of a result dict)
 VAL_KEYS = ("val/reward", "val/reward_se", "val/pass@1", "val/cov@1", "val/syn_pass", "val/loss")
 STEP_KEYS = ("reward", "pass_rate", "coverage", "compile_rate", "entropy", "clip_ratio/low", "clip_ratio/high",
-             "ratio", "frac_reward_zero_std", "completions/mean_length", "t_rollout", "t_gen", "t_train", "t_sim")
+             "ratio", "frac_reward_zero_std", "completions/mean_length", "t_rollout", "t_gen", "t_train", "t_sim",
+             "hole_fix", "hole_fix_share")   # hole_fix: of the refinements whose state showed holes, those fixing one
 
 
 def rows(path):
@@ -59,7 +60,7 @@ def step_stats(log, upto=None):
 
 
 TREND_KEYS = ("reward", "reward_r1", "reward_r2", "pass_rate", "coverage", "compile_rate", "completions/mean_length",
-              "entropy")
+              "entropy", "hole_fix")
 
 
 def trend(log, size=10, upto=None):
