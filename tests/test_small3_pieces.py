@@ -38,6 +38,9 @@ def test_a_call_keeps_its_pieces_without_best_adapters_and_restore_puts_results_
     assert _files(root) == ["results/bench.md"]
     assert small3_pieces.main(["restore", "--root", str(root)]) == 0
     assert len(_files(root)) == 8 and (root / "README.md").read_text() == "kit"
+    assert small3_pieces.main(["hide", "--call", "4", "--root", str(root)]) == 0    # a further job: nothing
+    assert _files(root) == [] and "carry: runs/dev_tasks.jsonl" in capsys.readouterr().out
+    assert small3_pieces.main(["restore", "--root", str(root)]) == 0 and len(_files(root)) == 8
 
 
 def test_an_uncommitted_change_in_results_is_refused_and_nothing_moves(tmp_path, capsys):

@@ -6,6 +6,7 @@ one piece of it beside one part of the offline bundle (.carry/cN). This script h
 except the named paths (restored from HEAD), and puts results/ back afterwards:
 
     python bench/gpu/small3_pieces.py hide --call 1        # an experts job's first call (then 2, then 3, the job)
+    python bench/gpu/small3_pieces.py hide --call 4        # a further job on that machine: no piece of results/
     python bench/gpu/small3_pieces.py hide PATH [PATH ...]  # any other pieces
     python bench/gpu/small3_pieces.py restore               # results/ as in HEAD
 
@@ -29,6 +30,7 @@ CALLS = {
                              "sweep")], [".carry/c0"]),
     2: ([f"{S}/rl0", f"{S}/rl1"], [".carry/c1"]),
     3: ([f"{S}/rl2", f"{A}/sft0", f"{A}/sft1", f"{A}/sft2"], [".carry/c2", "runs/dev_tasks.jsonl"]),
+    4: ([], ["runs/dev_tasks.jsonl"]),   # a further job on the same machine: its run folder is newer than the state
 }
 CAP = 64 * 2 ** 20
 
@@ -60,7 +62,8 @@ def hide(root, paths):
     for f in git(root, "ls-files", "-z", "--", "results").split("\0"):
         if f and (root / f).exists():
             (root / f).unlink()
-    git(root, "checkout", "HEAD", "--", *paths)
+    if paths:
+        git(root, "checkout", "HEAD", "--", *paths)
     for adapter in sorted((root / S).glob("rl*/best/adapter")):        # resuming reads best/val.json only
         for f in adapter.iterdir():
             f.unlink()
@@ -92,7 +95,7 @@ def main(argv=None):
     hide(root, paths)
     size = tree_bytes(root) + sum(tree_bytes(root / c) if (root / c).is_dir() else os.path.getsize(root / c)
                                   for c in carry if (root / c).exists())
-    print(f"results/ holds {' '.join(paths)}; checkout + carry {size / 2 ** 20:.1f} MiB"
+    print(f"results/ holds {' '.join(paths) or 'nothing'}; checkout + carry {size / 2 ** 20:.1f} MiB"
           + (f" (over the {CAP // 2 ** 20} MiB a call carries)" if size > CAP else ""))
     if carry:
         print("carry: " + " ".join(carry))
