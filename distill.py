@@ -149,13 +149,19 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
     prompt (round-2 groups: the student's refinement state), scored like the student's.
     Returns teacher_source(model, tok, groups, group_tasks, teachers, *, step) ->
     (rewards[group][teacher] = list of num_samples floats, timings). All teachers sample in one decoder call
-    whose seed derives from (seed, step), so a resumed run repeats them."""
+    whose seed derives from (seed, step), so a resumed run repeats them; each answer's simulation starts as its
+    row finishes (common.generate's on_done)."""
 
     def teacher_source(model, tok, groups, group_tasks, teachers, *, step):
         k, timings = num_samples, {"t_gen": 0.0, "t_sim": 0.0}
         messages_list = [g.samples[0].messages for g in groups for _ in range(k)]
         tasks_list = [t for t in group_tasks for _ in range(k)]
         n = len(messages_list)
+        row_tasks, waits = tasks_list * len(teachers), [None] * (n * len(teachers))
+
+        def on_done(r, c):                # its simulation starts while the other rows still decode
+            if waits[r] is None:
+                waits[r] = score_fn(row_tasks[r], c)
         t0 = time.perf_counter()
         # every teacher in one decoder call (fastgen's stack rule): OPD's batches are small, and a decode step
         # of a small batch costs about the same for every teacher's rows as for one teacher's
@@ -164,9 +170,11 @@ def make_teacher_source(score_fn, *, num_samples, max_new_tokens, seed, temperat
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
                                       batch_size=gen_batch_size,
                                       seed=onpolicy.derive_seed(seed, "teacher", step,
-                                                                *([dist.rank()] if dist.world() > 1 else [])))
+                                                                *([dist.rank()] if dist.world() > 1 else [])),
+                                      on_done=on_done)
         timings["t_gen"] += time.perf_counter() - t0
-        waits = [score_fn(t, c) for t, c in zip(tasks_list * len(teachers), completions)]
+        for r, c in enumerate(completions):
+            on_done(r, c)
         t0 = time.perf_counter()
         rewards = [w().reward for w in waits]                                    # teacher-major: [teacher * n]
         timings["t_sim"] += time.perf_counter() - t0

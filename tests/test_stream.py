@@ -230,3 +230,27 @@ def test_the_gpu_check_passes_on_the_tiny_model(tmp_path):
     assert rec["ok"] and all(c["heard_before_end"] >= 6 and not c["in_order"] for c in rec["cases"].values())
     with pytest.raises(SystemExit, match="multiple of 4"):
         mod.main(["--rows", "10"])
+
+
+def test_the_teachers_own_call_scores_each_answer_as_its_row_finishes(monkeypatch):
+    """distill.make_teacher_source (teachers in a call of their own): answers handed on during the call are submitted
+    then, the rest after it, each once, and the rewards keep their places."""
+    import distill
+    log = []
+
+    def fake_generate(model, tok, msgs, adapters=None, on_done=None, **kw):
+        out = [SimpleNamespace(text=f"{a}{k}") for k, a in enumerate(adapters)]
+        for k in (5, 0, 2):
+            on_done(k, out[k])
+        log.append("returned")
+        return out
+    monkeypatch.setattr(common, "generate", fake_generate)
+
+    def score(task, c):
+        log.append(c.text)
+        return lambda: Score(1.0 + int(c.text[-1]) / 10, "ok", 0.0, result={"status": "ok"})
+    source = distill.make_teacher_source(score, num_samples=1, max_new_tokens=4, seed=0)
+    groups = [SimpleNamespace(samples=[SimpleNamespace(messages=[m])]) for m in "abc"]
+    rewards, _ = source(None, None, groups, ["A", "B", "C"], ["t", "u"], step=0)
+    assert log == ["u5", "t0", "t2", "returned", "t1", "u3", "u4"]
+    assert rewards == [[[1.0], [1.3]], [[1.1], [1.4]], [[1.2], [1.5]]]
