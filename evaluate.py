@@ -13,7 +13,8 @@ The loop (docs/method.md §1.6), per task and sample, rounds r = 0..R (R = --rou
 2. r >= 1 sees the memoryless state [system, user, best-so-far testbench, its feedback]
    (common.refine_messages); no other history.
 3. Each answer is parsed and, when usable (not no_code / truncated), simulated (score.submit_answer,
-   on a simpool.SimPool). Simulations of one batch run while the policy generates the next batch.
+   on a simpool.SimPool). Simulations of one batch run while the policy generates the next batch, and a
+   policy that `streams` (model_policy) hands each answer on as its row finishes, so its simulation starts then.
 4. The best-so-far is replaced whenever the new result is >= it under the ordering of result_key():
    (parsed, compiles, simulates, has coverage, passes targets, overall coverage), the LLM4Cov
    CovResult order (compiles, has coverage, passes targets, overall) with two refinements: an
@@ -119,12 +120,14 @@ def model_policy(model, tok, *, max_new_tokens=2048, temperature=0.7, top_p=0.8,
     calls = itertools.count()
     context = common.context_length(model, tok)
 
-    def policy(messages_list):
+    def policy(messages_list, on_done=None):
         outs = (gen or common.generate)(model, tok, messages_list, max_new_tokens=max_new_tokens,
                                         temperature=temperature, top_p=top_p,  # several processes: a stream per rank
                                         seed=(seed * 100_003 + next(calls)) * dist.world() + dist.rank(),
-                                        batch_size=batch_size)
+                                        batch_size=batch_size,
+                                        on_done=None if on_done is None else (lambda k, c: on_done(k, c.text)))
         return [c.text for c in outs]
+    policy.streams = True      # takes on_done(k, text): run_eval submits each answer as its row finishes
     # run_eval asks before generating: a prompt that leaves no room for one new token is not generated
     policy.prompt_fits = lambda messages: len(common.chat_ids(tok, messages)) < context
     return policy
@@ -176,9 +179,18 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                 states = [state(i) for i in chunk]
                 fits = [prompt_fits(m) for m, _ in states]      # a prompt past the model's context: no answer
                 asked = [m for (m, _), ok in zip(states, fits) if ok]
+                whose = [i for i, ok in zip(chunk, fits) if ok]          # asked row -> sample
+                early = {}                          # asked row -> (text, answer, wait), submitted as it finished
+
+                def heard(k, text, whose=whose, early=early):
+                    if k not in early:
+                        early[k] = (text, *score.submit_answer(pool, by_id[samples[whose[k]]["task_id"]], text,
+                                                               target_mode, answer_mode))
                 tg = time.time()
-                texts = iter(policy(asked) if asked else [])
+                streams = getattr(policy, "streams", False)
+                texts = iter((policy(asked, on_done=heard) if streams else policy(asked)) if asked else [])
                 t_gen += time.time() - tg
+                k = 0
                 for i, (_, state_round), ok in zip(chunk, states, fits):
                     if not ok:
                         pending.append((i, state_round, "", TOO_LONG, lambda: score.parse_failure("prompt_too_long")))
@@ -186,10 +198,11 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                     text = next(texts, None)
                     if text is None:
                         raise ValueError(f"policy returned fewer answers than the {len(asked)} prompts it was given")
-                    # submitted now: simulates while the next chunk generates
-                    answer, wait = score.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
-                                                          answer_mode)
-                    pending.append((i, state_round, text, answer, wait))
+                    if early.get(k, (None,))[0] != text:     # submitted now: simulates while the next chunk generates
+                        early[k] = (text, *score.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
+                                                               answer_mode))
+                    pending.append((i, state_round, *early[k]))
+                    k += 1
                 if next(texts, None) is not None:
                     raise ValueError(f"policy returned more answers than the {len(asked)} prompts it was given")
             for i, state_round, text, answer, wait in pending:

@@ -254,3 +254,37 @@ def test_the_teachers_own_call_scores_each_answer_as_its_row_finishes(monkeypatc
     rewards, _ = source(None, None, groups, ["A", "B", "C"], ["t", "u"], step=0)
     assert log == ["u5", "t0", "t2", "returned", "t1", "u3", "u4"]
     assert rewards == [[[1.0], [1.3]], [[1.1], [1.4]], [[1.2], [1.5]]]
+
+
+@pytest.mark.needs_iverilog
+def test_run_eval_submits_each_answer_as_the_policy_hands_it_on(monkeypatch):
+    """evaluate.run_eval with a policy that `streams`: each answer is simulated from when the policy hands it on
+    (before the policy's call returns), once, and the samples equal those of the same answers handed back at the end."""
+    import evaluate
+    import score as score_mod
+    from test_evaluate import TASKS, scripted
+
+    class Streaming:
+        streams = True
+
+        def __init__(self, inner, log):
+            self.inner, self.log = inner, log
+
+        def __call__(self, msgs, on_done=None):
+            texts = self.inner(msgs)
+            for k in reversed(range(len(texts))):
+                on_done(k, texts[k])
+            self.log.append("returned")
+            return texts
+    log, submit = [], score_mod.submit_answer
+    monkeypatch.setattr(score_mod, "submit_answer", lambda pool, task, text, *a: log.append("submit")
+                        or submit(pool, task, text, *a))
+    streamed, m1 = evaluate.run_eval(Streaming(scripted(), log), TASKS, n=3, rounds=2, sim_workers=2, seed=7,
+                                     batch_size=2, verbose=False, n_boot=0)
+    assert log[:3] == ["submit", "submit", "returned"]                # a chunk of 2: both submitted during the call
+    assert log.count("submit") == sum(len(s["rounds"]) for s in streamed)   # each answer once
+    plain, m0 = evaluate.run_eval(scripted(), TASKS, n=3, rounds=2, sim_workers=2, seed=7, batch_size=2,
+                                  verbose=False, n_boot=0)
+    strip = lambda s: [(r["text"], r["key"], r["state_round"]) for r in s["rounds"]]    # noqa: E731
+    assert [strip(s) for s in streamed] == [strip(s) for s in plain]
+    assert m1["agentic"]["pass@1"] == m0["agentic"]["pass@1"]
