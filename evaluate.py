@@ -180,15 +180,18 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                 fits = [prompt_fits(m) for m, _ in states]      # a prompt past the model's context: no answer
                 asked = [m for (m, _), ok in zip(states, fits) if ok]
                 whose = [i for i, ok in zip(chunk, fits) if ok]          # asked row -> sample
-                early = {}                          # asked row -> (text, answer, wait), submitted as it finished
+                sent = {}                           # asked row -> (text, answer, wait)
 
-                def heard(k, text, whose=whose, early=early):
-                    if k not in early:
-                        early[k] = (text, *score.submit_answer(pool, by_id[samples[whose[k]]["task_id"]], text,
-                                                               target_mode, answer_mode))
+                def submit(k, text, whose=whose, sent=sent):
+                    """Row k's simulation, once: as a streaming policy hands it on, else when the call returns
+                    (then it simulates while the next chunk generates)."""
+                    if sent.get(k, (None,))[0] != text:
+                        sent[k] = (text, *score.submit_answer(pool, by_id[samples[whose[k]]["task_id"]], text,
+                                                              target_mode, answer_mode))
+                    return sent[k]
                 tg = time.time()
                 streams = getattr(policy, "streams", False)
-                texts = iter((policy(asked, on_done=heard) if streams else policy(asked)) if asked else [])
+                texts = iter((policy(asked, on_done=submit) if streams else policy(asked)) if asked else [])
                 t_gen += time.time() - tg
                 k = 0
                 for i, (_, state_round), ok in zip(chunk, states, fits):
@@ -198,10 +201,7 @@ def run_eval(policy, tasks, *, n=5, rounds=3, sim_workers=None, seed=0, batch_si
                     text = next(texts, None)
                     if text is None:
                         raise ValueError(f"policy returned fewer answers than the {len(asked)} prompts it was given")
-                    if early.get(k, (None,))[0] != text:     # submitted now: simulates while the next chunk generates
-                        early[k] = (text, *score.submit_answer(pool, by_id[samples[i]["task_id"]], text, target_mode,
-                                                               answer_mode))
-                    pending.append((i, state_round, *early[k]))
+                    pending.append((i, state_round, *submit(k, text)))
                     k += 1
                 if next(texts, None) is not None:
                     raise ValueError(f"policy returned more answers than the {len(asked)} prompts it was given")
