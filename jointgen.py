@@ -27,7 +27,8 @@ class JointGenerate:
     follow the policies' rows in the call; on the HF path they are one call whose rows of one (adapter, seed) run
     apart with that seed (common.generate's seeds), so each policy gets the rows it would sample alone.
     A policy's on_done (common.generate's) hears of each of its answers as it finishes, numbered as in what its call
-    returns (its rows, then its beside rows); a beside row several policies share reaches each of them.
+    returns (its rows, then its beside rows); a beside row several policies share reaches each of them. An error in a
+    policy's on_done reaches that policy alone (its call raises it); the others get their answers.
 
         joint = JointGenerate(model, tok, ["expert0", "expert1"])
         gen = joint.member("expert0")      # make_model_source(gen=...), called from that policy's thread
@@ -95,7 +96,17 @@ class JointGenerate:
             rows, where = self._shared_rows(names, batch)
             self.beside.append((sum(map(len, where.values())), len(rows)))
             more, adapters, seeds = (list(x) for x in zip(*rows)) if rows else ([], [], [])
-            sends = {n: batch[n][3] for n in names if batch[n][3] is not None}   # each policy's on_done
+            failed = {}                  # a policy whose on_done raised: the error is its own, not the call's
+
+            def guard(n, hear):
+                def call(k, c):
+                    if n not in failed:
+                        try:
+                            hear(k, c)
+                        except Exception as e:      # noqa: BLE001  (raised in that policy's thread below)
+                            failed[n] = e
+                return call
+            sends = {n: guard(n, batch[n][3]) for n in names if batch[n][3] is not None}   # each policy's on_done
             # a shared row reaches every policy that asked for it, at its place in that policy's answers
             to_shared = {}
             for n in sends:
@@ -132,12 +143,12 @@ class JointGenerate:
                 for n in names:
                     with common.use_adapter(self.model, n):
                         own[n] = common.generate(self.model, self.tok, batch[n][0], fast=self.fast,
-                                                 on_done=batch[n][3], **batch[n][1])
+                                                 on_done=sends.get(n), **batch[n][1])
                 shared = [] if not rows else common.generate(
                     self.model, self.tok, more, adapters=adapters, seeds=seeds, fast=self.fast,
                     on_done=send_shared if to_shared else None, **batch[names[0]][1])
             for n in names:
-                self.answers[n] = list(own[n]) + [shared[i] for i in where[n]]
+                self.answers[n] = failed[n] if n in failed else list(own[n]) + [shared[i] for i in where[n]]
         except BaseException as e:      # noqa: BLE001  (every policy of the call raises it in its own thread)
             for n in names:
                 self.answers[n] = e

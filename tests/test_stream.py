@@ -129,6 +129,32 @@ def test_joint_calls_hand_each_policy_its_rows_in_its_own_numbering(monkeypatch,
     assert len(out["c"]) == 2
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_error_in_one_policys_on_done_stays_its_own(monkeypatch, fast):
+    """Policy a's scorer raises while its answers are handed on: a's call raises it, b gets its answers."""
+    monkeypatch.setattr(common, "generate", _reverse_generate)
+    monkeypatch.setattr(common, "fast_path", lambda model, f=None: fast)
+    monkeypatch.setattr(common, "use_adapter", lambda model, name: contextlib.nullcontext())
+    joint = jointgen.JointGenerate(_Model(), None, ["a", "b"])
+    heard = []
+
+    def hear(name):
+        def on_done(k, c):
+            if name == "a":
+                raise ValueError("a's scorer failed")
+            heard.append((k, c))
+        return on_done
+
+    def collect(m):
+        try:
+            return m.joint.member(m.name)(None, None, [m.name + "0", m.name + "1"], seed=7, on_done=hear(m.name))
+        except ValueError as e:
+            return str(e)
+    out = jointgen.joint_collect([_Member(n, joint) for n in "ab"], collect)
+    assert out[0] == "a's scorer failed" and len(out[1]) == 2
+    assert sorted(k for k, _ in heard) == [0, 1] and all(out[1][k] == c for k, c in heard)
+
+
 def test_rollouts_score_each_row_when_heard():
     """A generate_fn that hands rows on before it returns: their simulations are submitted during the call (the
     scorer's log shows them before the call's end), each once, and the groups equal those of a generate_fn that
